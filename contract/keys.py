@@ -1,0 +1,38 @@
+"""Valkey key names, in one place. Curly-brace hash tags keep one run's (or pool's) keys on one shard."""
+
+from contract.models import AttemptRef
+
+PROGRESS_TTL_S = 120  # a task that stops refreshing its progress key is presumed dead after this
+
+
+def progress(ref: AttemptRef) -> str:
+    """Live progress of one attempt (hash, TTL): the dashboard and the resume logic read it."""
+    return f"ep:run:{{{ref.run}}}:progress:{ref.instance_id}:{ref.attempt}"
+
+
+def progress_pattern(run: str) -> str:
+    return f"ep:run:{{{run}}}:progress:*"
+
+
+def run_budget(run: str) -> str:
+    """Run-level spend: fields spent, held (USD as integer micro-dollars)."""
+    return f"ep:run:{{{run}}}:budget"
+
+
+def attempt_budget(ref: AttemptRef) -> str:
+    return f"ep:run:{{{ref.run}}}:attempt:{ref.instance_id}:{ref.attempt}:budget"
+
+
+def pool_pacer(pool: str) -> str:
+    """GCRA state of one pool (hash: one TAT field per dimension)."""
+    return f"ep:pool:{{{pool}}}:pacer"
+
+
+def pool_limits(pool: str) -> str:
+    """Limits the pacer applies to a pool (hash: rpm, itpm, otpm), owned by the dispatcher's PoolPacer."""
+    return f"ep:pool:{{{pool}}}:limits"
+
+
+def pool_discovered(pool: str) -> str:
+    """Rate-limit headers the shims saw for a pool (hash: header -> value)."""
+    return f"ep:pool:{{{pool}}}:discovered"

@@ -1,0 +1,249 @@
+"""Pydantic models for every document and message that crosses a process boundary.
+
+Data flows one way: spec -> Job (S3) -> task -> CallRecord / AttemptResult (results queue)
+-> rows (PostgreSQL) -> EvalJob (eval queue) -> Verdict (results queue) -> rows.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AttemptRef(Frozen):
+    """Identity of one attempt: unique on (run, instance_id, attempt)."""
+
+    run: str
+    instance_id: str
+    attempt: int = Field(ge=1)
+
+    @property
+    def slug(self) -> str:
+        return f"{self.instance_id}/{self.attempt}"
+
+
+# ---------------------------------------------------------------- outcomes
+
+
+class HarnessOutcome(StrEnum):
+    """How the harness phase of an attempt ended."""
+
+    SUBMITTED = "submitted"
+    BUDGET_EXCEEDED = "budget_exceeded"
+    MAX_TURNS_EXCEEDED = "max_turns_exceeded"
+    WALL_TIME_EXCEEDED = "wall_time_exceeded"
+    HARNESS_ERROR = "harness_error"  # the harness itself failed (format errors, crash)
+    INFRA_ERROR = "infra_error"  # our side failed (task died, upstream exhausted)
+
+
+class AttemptStatus(StrEnum):
+    """Lifecycle of an attempt row. Only PATCH_READY is not final."""
+
+    PATCH_READY = "PATCH_READY"
+    EMPTY_PATCH = "EMPTY_PATCH"
+    RESOLVED = "RESOLVED"
+    UNRESOLVED = "UNRESOLVED"
+    EVAL_ERROR = "EVAL_ERROR"
+
+    @property
+    def final(self) -> bool:
+        return self is not AttemptStatus.PATCH_READY
+
+
+class EvalOutcome(StrEnum):
+    RESOLVED = "resolved"
+    UNRESOLVED = "unresolved"
+    APPLY_FAILED = "apply_failed"  # official ">>>>> Patch Apply Failed"
+    TIMEOUT = "timeout"
+    ERROR = "error"  # no valid test output (suite crashed, etc.)
+    INFRA_ERROR = "infra_error"  # never scored as a model failure
+
+
+# ---------------------------------------------------------------- job documents
+
+
+class ModelRef(Frozen):
+    provider: Literal["openai", "anthropic"]
+    model: str
+    pool: str
+
+
+class HarnessRef(Frozen):
+    name: str
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+
+class AttemptLimits(Frozen):
+    cost_usd: float | None = None
+    max_turns: int | None = None
+    wall_time_s: float | None = None
+
+
+class Job(Frozen):
+    """One attempt's job document, written to S3; the task is handed only its URI."""
+
+    ref: AttemptRef
+    harness: HarnessRef
+    model: ModelRef
+    limits: AttemptLimits
+    run_cost_usd: float | None = None
+    instance: dict[str, Any]  # the dataset row (problem_statement, repo, base_commit, ...)
+    repo_source: str  # where the task gets the repository (a git bundle path locally)
+    upstream_url: str  # the gateway (or simulator) base URL the shim forwards to
+    results_queue_url: str
+    artifacts_prefix: str  # s3://bucket/runs/<run>/attempts/<iid>/<n>/
+    valkey_url: str
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class EvalJob(Frozen):
+    ref: AttemptRef
+    model_name: str  # model_name_or_path in the official layout
+    patch_uri: str
+    instance: dict[str, Any]
+    repo_source: str
+    results_queue_url: str
+    artifacts_prefix: str
+    timeout_s: float = 1800.0
+
+
+# ---------------------------------------------------------------- ledger
+
+
+class Usage(BaseModel):
+    """Normalised token usage: input_tokens are uncached; the four add up to what was billed."""
+
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    output_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            cached_tokens=self.cached_tokens + other.cached_tokens,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+        )
+
+
+class CallRecord(BaseModel):
+    """One ledger row: one inference call as the shim saw it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    call_id: uuid.UUID = Field(default_factory=uuid.uuid4)
+    run: str
+    instance_id: str
+    attempt: int
+    seq: int
+    pool: str
+    provider: str
+    model: str
+    route: str
+    stream: bool = False
+    started_at: datetime = Field(default_factory=utcnow)
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    latency_ms: float = 0.0
+    pacer_wait_ms: float = 0.0
+    retries: int = 0
+    http_status: int = 0
+    outcome: str = "ok"  # ok | error | bad_request | budget_exceeded | max_turns_exceeded | stream_error
+    usage_estimated: bool = False
+    raw_usage: dict[str, Any] | None = None
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens,
+            cached_tokens=self.cached_tokens,
+            cache_write_tokens=self.cache_write_tokens,
+            output_tokens=self.output_tokens,
+        )
+
+
+class Totals(BaseModel):
+    calls: int = 0
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+    @classmethod
+    def of(cls, rows: list[CallRecord]) -> Totals:
+        return cls(
+            calls=len(rows),
+            input_tokens=sum(r.input_tokens for r in rows),
+            cached_tokens=sum(r.cached_tokens for r in rows),
+            cache_write_tokens=sum(r.cache_write_tokens for r in rows),
+            output_tokens=sum(r.output_tokens for r in rows),
+            cost_usd=round(sum(r.cost_usd for r in rows), 9),
+        )
+
+
+# ---------------------------------------------------------------- results-queue messages
+
+
+class LedgerBatch(BaseModel):
+    kind: Literal["ledger"] = "ledger"
+    ref: AttemptRef
+    rows: list[CallRecord]
+
+
+class AttemptResult(BaseModel):
+    """Sent by the task when the harness phase ends (exactly one lands per attempt)."""
+
+    kind: Literal["attempt_result"] = "attempt_result"
+    ref: AttemptRef
+    harness: str
+    pool: str
+    model: str
+    outcome: HarnessOutcome
+    patch_uri: str | None = None
+    patch_bytes: int = 0
+    trajectory_uri: str | None = None
+    ledger_calls: int = 0  # how many ledger rows the task sent, so the writer can check
+    totals: Totals = Field(default_factory=Totals)
+    started_at: datetime
+    ended_at: datetime
+    error: str | None = None
+
+
+class Verdict(BaseModel):
+    """Sent by the eval worker when a patch has been graded."""
+
+    kind: Literal["verdict"] = "verdict"
+    ref: AttemptRef
+    outcome: EvalOutcome
+    resolved: bool
+    report: dict[str, Any] = Field(default_factory=dict)  # the official per-instance report.json entry
+    report_uri: str | None = None
+    reason: str | None = None
+    started_at: datetime
+    ended_at: datetime
+
+
+ResultMessage = Annotated[LedgerBatch | AttemptResult | Verdict, Field(discriminator="kind")]
+
+
+class Envelope(BaseModel):
+    """What goes on the results queue: exactly one message of a known kind."""
+
+    msg: ResultMessage

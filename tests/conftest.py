@@ -1,0 +1,111 @@
+"""Shared fixtures: the real PostgreSQL, the real Valkey/Redis, and moto's server mode for S3/SQS.
+
+Each pytest session gets its own PostgreSQL database (dropped at the end), so sessions running side
+by side never see each other's rows. Valkey keys are namespaced by run and pool names: tests use
+unique names (see `unique`) and never FLUSHDB.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+import psycopg
+import pytest
+import redis
+
+from contract import db
+
+BASE_DATABASE_URL = os.environ.get("DATABASE_URL", db.DEFAULT_DATABASE_URL)
+VALKEY_URL = os.environ.get("VALKEY_URL", "redis://127.0.0.1:6379/0")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _with_db(url: str, name: str) -> str:
+    base, _, _ = url.rpartition("/")
+    return f"{base}/{name}"
+
+
+@pytest.fixture(scope="session")
+def database_url() -> str:
+    """A fresh, migrated database for this pytest session."""
+    name = f"ep_test_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(BASE_DATABASE_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = _with_db(BASE_DATABASE_URL, name)
+    with psycopg.connect(url) as conn:
+        db.migrate(conn)
+    old = os.environ.get("DATABASE_URL")
+    os.environ["DATABASE_URL"] = url
+    yield url
+    if old is None:
+        os.environ.pop("DATABASE_URL", None)
+    else:
+        os.environ["DATABASE_URL"] = old
+    with psycopg.connect(BASE_DATABASE_URL, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg(database_url):
+    with psycopg.connect(database_url) as conn:
+        yield conn
+
+
+@pytest.fixture(scope="session")
+def valkey_url() -> str:
+    r = redis.Redis.from_url(VALKEY_URL)
+    r.ping()
+    return VALKEY_URL
+
+
+@pytest.fixture
+def valkey(valkey_url):
+    r = redis.Redis.from_url(valkey_url)
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short unique name for runs, pools and queues, so tests never collide in shared services."""
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint():
+    """moto in server mode on loopback: S3 and SQS for everything that runs in other processes too."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    saved = {k: os.environ.get(k) for k in _AWS_ENV}
+    os.environ.update(
+        AWS_ENDPOINT_URL=endpoint,
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_EC2_METADATA_DISABLED="true",
+    )
+    from contract import aws
+
+    aws.client.cache_clear()
+    yield endpoint
+    server.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    aws.client.cache_clear()
+
+
+_AWS_ENV = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED")
