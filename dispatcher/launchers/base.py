@@ -1,0 +1,25 @@
+"""The Launcher seam: start one isolated task per attempt, handing it only its job reference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from contract.models import AttemptRef
+
+
+@dataclass
+class TaskHandle:
+    ref: AttemptRef
+    task_id: str  # pid, container id or ECS task ARN
+
+
+class Launcher(Protocol):
+    def launch(self, ref: AttemptRef, job_uri: str) -> TaskHandle:
+        """Start the task; it fetches its job from job_uri and nothing else is passed."""
+
+    def poll(self, handle: TaskHandle) -> int | None:
+        """None while running, else the exit code."""
+
+    def stop(self, handle: TaskHandle) -> None:
+        """Stop a task (cancel, or the wall-time guard)."""

@@ -1,0 +1,52 @@
+"""A local subprocess per task: `python -m harness <job-uri>` in its own session (process group)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from contract.models import AttemptRef
+from dispatcher.launchers.base import TaskHandle
+
+
+class ProcessLauncher:
+    def __init__(self, log_dir: Path, env: dict[str, str]):
+        """env: the task's environment (endpoints and the run's provider key, which only the shim gets)."""
+        self.log_dir = log_dir
+        self.env = env
+        self._procs: dict[str, subprocess.Popen] = {}
+
+    def launch(self, ref: AttemptRef, job_uri: str) -> TaskHandle:
+        log = self.log_dir / f"{ref.instance_id}.{ref.attempt}.task.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as fh:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "harness", job_uri],
+                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=self.env, start_new_session=True,
+            )
+        self._procs[str(proc.pid)] = proc
+        return TaskHandle(ref=ref, task_id=str(proc.pid))
+
+    def poll(self, handle: TaskHandle) -> int | None:
+        return self._procs[handle.task_id].poll()
+
+    def stop(self, handle: TaskHandle) -> None:
+        proc = self._procs.get(handle.task_id)
+        if proc and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+def local_task_env(extra: dict[str, str]) -> dict[str, str]:
+    """The environment handed to local tasks: ours, minus anything secret-looking, plus `extra`."""
+    keep = {k: v for k, v in os.environ.items() if not any(s in k.upper() for s in ("KEY", "TOKEN", "SECRET", "PASSWORD"))}
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):  # fake credentials for moto locally
+        if k in os.environ:
+            keep[k] = os.environ[k]
+    return keep | extra

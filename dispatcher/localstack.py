@@ -1,0 +1,76 @@
+"""The local stack: find PostgreSQL and Valkey where they answer, keep moto's S3/SQS server running on loopback.
+
+PostgreSQL and Valkey are installed and started by scripts/stack.sh when nothing answers; here we only
+check them and start moto (which the dispatcher owns locally) as a daemon under the state folder, so
+that it outlives one dispatcher process and a `resume` finds the run's queues and job documents.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dispatcher.instances import PROJECT_ROOT
+
+MOTO_PORT = int(os.environ.get("EVALPLANE_MOTO_PORT", "4599"))
+LOCAL_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "local",
+    "AWS_SECRET_ACCESS_KEY": "local",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+
+
+def state_dir() -> Path:
+    p = Path(os.environ.get("EVALPLANE_STATE_DIR", PROJECT_ROOT / ".state"))
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def _answers(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def ensure_moto() -> str:
+    """Return the S3/SQS endpoint: $AWS_ENDPOINT_URL if set, else a moto server daemon on loopback."""
+    for k, v in LOCAL_AWS_ENV.items():
+        os.environ.setdefault(k, v)
+    if os.environ.get("AWS_ENDPOINT_URL"):
+        return os.environ["AWS_ENDPOINT_URL"]
+    endpoint = f"http://127.0.0.1:{MOTO_PORT}"
+    if not _answers("127.0.0.1", MOTO_PORT):
+        log = open(state_dir() / "moto.log", "ab")
+        moto = Path(sys.executable).with_name("moto_server")
+        proc = subprocess.Popen(
+            [str(moto), "-H", "127.0.0.1", "-p", str(MOTO_PORT)],
+            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        (state_dir() / "moto.pid").write_text(str(proc.pid))
+        deadline = time.monotonic() + 20
+        while not _answers("127.0.0.1", MOTO_PORT):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"moto server did not start; see {state_dir() / 'moto.log'}")
+            time.sleep(0.1)
+    os.environ["AWS_ENDPOINT_URL"] = endpoint
+    return endpoint
+
+
+def stop_moto() -> bool:
+    pidfile = state_dir() / "moto.pid"
+    if not pidfile.exists():
+        return False
+    try:
+        os.killpg(int(pidfile.read_text()), signal.SIGTERM)
+    except (ProcessLookupError, ValueError):
+        pass
+    pidfile.unlink(missing_ok=True)
+    return True

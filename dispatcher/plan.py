@@ -1,0 +1,69 @@
+"""spec -> the attempts to run: instances selected, repositories located. No side effects (validate uses it)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from contract.models import AttemptRef
+from dispatcher import instances
+from dispatcher.spec import Spec, SpecError, SpecProblem
+
+
+@dataclass
+class Plan:
+    spec: Spec
+    rows: dict[str, dict]  # instance_id -> dataset row
+    repo_sources: dict[str, str]  # instance_id -> where its repository comes from
+    refs: list[AttemptRef]
+
+    @property
+    def spec_hash(self) -> str:
+        return hashlib.sha256(self.spec.model_dump_json().encode()).hexdigest()[:16]
+
+
+def repo_bundle_name(repo: str) -> str:
+    return repo.replace("/", "__") + ".bundle"
+
+
+def make_plan(spec: Spec, spec_file: str = "spec.toml") -> Plan:
+    problems: list[SpecProblem] = []
+    rows: list[dict] = []
+    try:
+        rows = instances.read_rows(Path(spec.instances.dataset))
+    except Exception as e:  # an unreadable file is a spec problem, not a crash
+        problems.append(SpecProblem(path="instances.dataset", message=f"cannot read: {e}"))
+    try:
+        rows = instances.select(rows, spec.instances.ids, spec.instances.filter, spec.instances.slice)
+    except ValueError as e:
+        problems.append(SpecProblem(path="instances.ids", message=str(e)))
+    if not rows and not problems:
+        problems.append(SpecProblem(path="instances", message="selects no instances"))
+    problems += [SpecProblem(path="instances.dataset", message=p) for p in instances.check_rows(rows)[:10]]
+    sources: dict[str, str] = {}
+    if spec.backend.kind == "local":
+        if spec.instances.repos is None:
+            problems.append(SpecProblem(path="instances.repos", message="required with backend.kind = 'local'"))
+        else:
+            for r in rows:
+                bundle = Path(spec.instances.repos) / repo_bundle_name(r["repo"])
+                if not bundle.is_file():
+                    problems.append(SpecProblem(path="instances.repos", message=f"no repository for {r['repo']}: {bundle}"))
+                    break
+                sources[r["instance_id"]] = str(bundle)
+    else:
+        sources = {r["instance_id"]: "/testbed" for r in rows}  # baked into the instance image
+    if problems:
+        raise SpecError(spec_file, problems)
+    refs = [
+        AttemptRef(run=spec.run.name, instance_id=r["instance_id"], attempt=n)
+        for r in rows
+        for n in range(1, spec.run.attempts + 1)
+    ]
+    return Plan(spec=spec, rows={r["instance_id"]: r for r in rows}, repo_sources=sources, refs=refs)
+
+
+def spec_json(spec: Spec) -> str:
+    return json.dumps(json.loads(spec.model_dump_json()), sort_keys=True)

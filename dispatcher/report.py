@@ -1,0 +1,120 @@
+"""The run's results: a table, SWE-bench predictions.jsonl and the official run report JSON.
+
+PostgreSQL is the source of truth; per-instance report.json files are rebuilt from the rows and the
+eval logs are fetched from the run's S3 prefix, so the official `make_run_report` can be called as is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+
+import psycopg
+from rich.console import Console
+from rich.table import Table
+
+from contract import aws
+
+STATUS_ORDER = ("RESOLVED", "UNRESOLVED", "EMPTY_PATCH", "EVAL_ERROR", "PATCH_READY")
+
+
+def fetch_attempts(conn: psycopg.Connection, run: str) -> list[dict]:
+    cur = conn.execute(
+        """SELECT instance_id, attempt, model, outcome, status, patch_uri, patch_bytes, calls, input_tokens,
+                  cached_tokens, cache_write_tokens, output_tokens, cost_usd, wall_time_s, eval_outcome, report,
+                  (SELECT count(*) FROM calls c WHERE c.run = a.run AND c.instance_id = a.instance_id
+                     AND c.attempt = a.attempt) AS ledger_rows
+           FROM attempts a WHERE run = %s ORDER BY instance_id, attempt""",
+        (run,),
+    )
+    cols = [d.name for d in cur.description]
+    rows = [dict(zip(cols, r)) for r in cur.fetchall()]
+    conn.commit()
+    return rows
+
+
+def results_table(run: str, attempts: list[dict]) -> Table:
+    t = Table(title=f"run {run}", show_footer=True)
+    t.add_column("instance", footer="total")
+    t.add_column("att", justify="right")
+    t.add_column("harness outcome")
+    t.add_column("status", footer=_status_footer(attempts))
+    t.add_column("calls", justify="right", footer=str(sum(a["calls"] for a in attempts)))
+    t.add_column("tokens in/cached/out", justify="right", footer="/".join(
+        str(sum(a[k] for a in attempts)) for k in ("input_tokens", "cached_tokens", "output_tokens")))
+    t.add_column("cost $", justify="right", footer=f"{sum(float(a['cost_usd']) for a in attempts):.6f}")
+    t.add_column("wall s", justify="right")
+    for a in attempts:
+        t.add_row(a["instance_id"], str(a["attempt"]), a["outcome"], a["status"], str(a["calls"]),
+                  f"{a['input_tokens']}/{a['cached_tokens']}/{a['output_tokens']}", f"{float(a['cost_usd']):.6f}",
+                  f"{a['wall_time_s'] or 0:.1f}")
+    return t
+
+
+def _status_footer(attempts: list[dict]) -> str:
+    counts = {s: sum(1 for a in attempts if a["status"] == s) for s in STATUS_ORDER}
+    return " ".join(f"{s.lower()}={n}" for s, n in counts.items() if n)
+
+
+@contextlib.contextmanager
+def _cwd(path: Path):
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+def official_run_id(run: str, attempt: int, attempts: int) -> str:
+    return run if attempts == 1 else f"{run}.attempt-{attempt}"
+
+
+def write_outputs(run: str, attempts: list[dict], dataset: list[dict], out_dir: Path, n_attempts: int,
+                  artifacts_prefix) -> list[Path]:
+    """predictions.jsonl + <model>.<run_id>.json per attempt number, in the official formats."""
+    from swebench.harness.constants import LOG_REPORT, RUN_EVALUATION_LOG_DIR
+    from swebench.harness.reporting import make_run_report
+
+    written = []
+    for n in range(1, n_attempts + 1):
+        mine = [a for a in attempts if a["attempt"] == n]
+        run_id = official_run_id(run, n, n_attempts)
+        base = out_dir if n_attempts == 1 else out_dir / f"attempt-{n}"
+        base.mkdir(parents=True, exist_ok=True)
+        preds = {}
+        for a in mine:
+            patch = aws.get_text(a["patch_uri"]) if a["patch_uri"] and a["patch_bytes"] else ""
+            preds[a["instance_id"]] = {"instance_id": a["instance_id"], "model_name_or_path": a["model"],
+                                       "model_patch": patch}
+            if a["report"] is not None:
+                inst_dir = base / RUN_EVALUATION_LOG_DIR / run_id / a["model"].replace("/", "__") / a["instance_id"]
+                inst_dir.mkdir(parents=True, exist_ok=True)
+                _fetch_eval_logs(artifacts_prefix(a["instance_id"], n), inst_dir)
+                (inst_dir / LOG_REPORT).write_text(json.dumps({a["instance_id"]: a["report"]}, indent=4))
+        pred_file = base / "predictions.jsonl"
+        pred_file.write_text("".join(json.dumps(p) + "\n" for p in preds.values()))
+        selected = [r for r in dataset if r["instance_id"] in preds]
+        with _cwd(base), contextlib.redirect_stdout(open(os.devnull, "w")):
+            report = make_run_report(preds, selected, run_id, client=None, report_dir=".")
+        written += [pred_file, base / report]
+    return written
+
+
+def _fetch_eval_logs(prefix: str, dest: Path) -> None:
+    """Copy the eval worker's log files (test_output.txt, run_instance.log, ...) next to the report."""
+    bucket, key = aws.split_s3_uri(prefix + "eval/")
+    s3 = aws.client("s3")
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key):
+        for obj in page.get("Contents", []):
+            name = obj["Key"].rsplit("/", 1)[-1]
+            if name and name != "report.json":
+                (dest / name).write_bytes(s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read())
+
+
+def print_results(console: Console, run: str, attempts: list[dict], files: list[Path]) -> None:
+    console.print(results_table(run, attempts))
+    for f in files:
+        console.print(f"wrote {f}")

@@ -1,0 +1,221 @@
+"""spec.toml -> validated pydantic models. Every mistake is reported with its field path and TOML line."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+HARNESSES = ("mini-swe-agent",)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunSpec(Strict):
+    name: str = Field(description="Run name: lower-case letters, digits and dashes; the resume key")
+    attempts: int = Field(1, ge=1, le=100, description="Attempts per instance")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not RUN_NAME.match(v):
+            raise ValueError("must be 1-40 characters of a-z, 0-9 and '-', starting with a letter or digit")
+        return v
+
+
+class HarnessSpec(Strict):
+    name: Literal["mini-swe-agent"]
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+
+class ModelSpec(Strict):
+    provider: Literal["openai", "anthropic"]
+    model: str = Field(min_length=1)
+    pool: str | None = Field(None, description="Pool alias; default '<model>@<harness>'")
+    api_key_env: str = Field("EVALPLANE_UPSTREAM_KEY", description="Env var holding the run's provider key")
+    base_url: str | None = Field(None, description="Gateway base URL; unset with backend local = the simulator")
+    max_tokens: int = Field(4096, ge=1)
+    rpm: int | None = Field(None, ge=1, description="Pool limits, until discovered from headers")
+    itpm: int | None = Field(None, ge=1)
+    otpm: int | None = Field(None, ge=1)
+
+
+class InstancesSpec(Strict):
+    dataset: str = Field(description="A .jsonl/.json/.parquet file (relative to the spec) or a known dataset name")
+    split: str = "test"
+    ids: list[str] | None = None
+    filter: dict[str, str | list[str]] | None = Field(None, description="field = value or [values]")
+    slice: str | None = Field(None, description="Python-style 'start:stop' over the filtered rows")
+    repos: str | None = Field(None, description="Folder of git bundles '<owner>__<name>.bundle' (local backend)")
+
+    @field_validator("slice")
+    @classmethod
+    def _slice(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"-?\d*:-?\d*", v):
+            raise ValueError("must look like 'start:stop', e.g. '0:10' or ':5'")
+        return v
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, v: str, info: ValidationInfo) -> str:
+        from dispatcher.instances import resolve_dataset
+
+        return str(resolve_dataset(v, base=(info.context or {}).get("base_dir")))
+
+    @field_validator("repos")
+    @classmethod
+    def _repos(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return v
+        p = Path(v)
+        if not p.is_absolute():
+            p = Path((info.context or {}).get("base_dir", ".")) / p
+        if not p.is_dir():
+            raise ValueError(f"folder not found: {p}")
+        return str(p.resolve())
+
+
+class BudgetSpec(Strict):
+    run_usd: float = Field(gt=0, description="Cap on the whole run's spend")
+    attempt_usd: float | None = Field(None, gt=0)
+    max_turns: int | None = Field(None, ge=1)
+    wall_time_s: float = Field(1800, gt=0, description="Wall-time limit of one attempt's harness phase")
+
+
+class BackendSpec(Strict):
+    kind: Literal["local", "aws"] = "local"
+    concurrency: int = Field(4, ge=1, le=20000)
+    launcher: Literal["process"] = "process"
+    stack_outputs: str | None = Field(None, description="`pulumi stack output --json` file (backend aws)")
+    dashboard: bool = Field(False, description="Start the Ray dashboard with the local Ray cluster")
+
+    @model_validator(mode="after")
+    def _aws_needs_outputs(self) -> BackendSpec:
+        if self.kind == "aws" and not self.stack_outputs:
+            raise ValueError("stack_outputs is required when kind = 'aws'")
+        return self
+
+
+class EvalSpec(Strict):
+    backend: Literal["process"] = "process"
+    workers: int = Field(1, ge=1, le=1000)
+    timeout_s: float = Field(1800, gt=0)
+
+
+class SimulatorSpec(Strict):
+    """The provider simulator the local backend starts when model.base_url is unset."""
+
+    policy: str = Field("echo", description="'echo' or a demo policy JSON file (relative to the spec)")
+    rpm: int | None = Field(None, ge=1)
+    itpm: int | None = Field(None, ge=1)
+    otpm: int | None = Field(None, ge=1)
+    tpm: int | None = Field(None, ge=1)
+    error_rate: float = Field(0.0, ge=0, le=1)
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, v: str, info: ValidationInfo) -> str:
+        if v == "echo":
+            return v
+        p = Path(v)
+        if not p.is_absolute():
+            p = Path((info.context or {}).get("base_dir", ".")) / p
+        if not p.is_file():
+            raise ValueError(f"policy file not found: {p}")
+        return str(p.resolve())
+
+
+class Spec(Strict):
+    run: RunSpec
+    harness: HarnessSpec
+    model: ModelSpec
+    instances: InstancesSpec
+    budget: BudgetSpec
+    backend: BackendSpec = Field(default_factory=BackendSpec)
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    simulator: SimulatorSpec | None = None
+
+    @property
+    def pool(self) -> str:
+        return self.model.pool or f"{self.model.model}@{self.harness.name}"
+
+
+# ---------------------------------------------------------------- errors
+
+
+class SpecProblem(BaseModel):
+    path: str
+    message: str
+    line: int | None = None
+
+    def __str__(self) -> str:
+        where = f" (line {self.line})" if self.line else ""
+        return f"{self.path}{where}: {self.message}"
+
+
+class SpecError(Exception):
+    def __init__(self, file: str, problems: list[SpecProblem]):
+        self.file, self.problems = file, problems
+        super().__init__("\n".join(f"{file}: {p}" for p in problems))
+
+
+def _line_of(text: str, loc: tuple) -> int | None:
+    """Best-effort TOML line of a field path: its table header, then the key inside that table."""
+    keys = [str(k) for k in loc if not isinstance(k, int)]
+    if not keys:
+        return None
+    lines = text.splitlines()
+    table, key = keys[:-1], keys[-1]
+    start = 0
+    if table:
+        header = re.compile(r"^\s*\[\s*" + r"\s*\.\s*".join(map(re.escape, table)) + r"\s*\]\s*(#.*)?$")
+        hits = [i for i, ln in enumerate(lines) if header.match(ln)]
+        if not hits:
+            parent = _line_of(text, tuple(table))
+            return parent
+        start = hits[0] + 1
+    key_re = re.compile(r"^\s*" + re.escape(key) + r"\s*=")
+    for i in range(start, len(lines)):
+        if i > start and re.match(r"^\s*\[", lines[i]) and table:
+            break
+        if re.match(r"^\s*\[", lines[i]) and not table:
+            break
+        if key_re.match(lines[i]):
+            return i + 1
+    if table:
+        return start  # the table header line
+    hdr = re.compile(r"^\s*\[\s*" + re.escape(key) + r"\s*\]")
+    return next((i + 1 for i, ln in enumerate(lines) if hdr.match(ln)), None)
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Parse and validate a spec file; raise SpecError listing every problem found."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError(str(path), [SpecProblem(path="<file>", message=str(e))]) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        m = re.search(r"line (\d+)", str(e))
+        raise SpecError(str(path), [SpecProblem(path="<toml>", message=str(e), line=int(m.group(1)) if m else None)]) from None
+    try:
+        return Spec.model_validate(data, context={"base_dir": str(path.resolve().parent)})
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            loc = tuple(err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown field"
+            elif err["type"] == "missing":
+                msg = "field required"
+            problems.append(SpecProblem(path=".".join(map(str, loc)) or "<root>", message=msg, line=_line_of(text, loc)))
+        raise SpecError(str(path), problems) from None

@@ -1,0 +1,61 @@
+"""mini-swe-agent (the real package), run in a child process against the shim with its SWE-bench config."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from contract.models import HarnessOutcome, Job
+from harness.adapters.base import HarnessRun
+
+EXIT_STATUS = {
+    "Submitted": HarnessOutcome.SUBMITTED,
+    "LimitsExceeded": HarnessOutcome.MAX_TURNS_EXCEEDED,
+    "TimeExceeded": HarnessOutcome.WALL_TIME_EXCEEDED,
+}
+
+
+class MiniSweAgent:
+    name = "mini-swe-agent"
+
+    def prepare(self, job: Job, testbed: Path, workdir: Path, shim_url: str, local_token: str) -> HarnessRun:
+        traj = workdir / "trajectory.json"
+        settings = {
+            "model_name": f"{job.model.provider}/{job.model.model}",
+            "api_base": shim_url + ("/v1" if job.model.provider == "openai" else ""),
+            "api_key": local_token,
+            "cwd": str(testbed),
+            "task": job.instance["problem_statement"],
+            "step_limit": job.limits.max_turns or 0,
+            "wall_time_s": int(job.limits.wall_time_s or 0),
+            "trajectory": str(traj),
+            "settings": job.harness.settings,
+        }
+        cfg = workdir / "harness.json"
+        cfg.write_text(json.dumps(settings))
+        home = workdir / "home"
+        home.mkdir(exist_ok=True)
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(home),
+            "LANG": "C.UTF-8",
+            "MSWEA_GLOBAL_CONFIG_DIR": str(home / ".config" / "mini-swe-agent"),
+            "MSWEA_CONFIGURED": "true",
+            "MSWEA_SILENT_STARTUP": "1",
+            "MSWEA_COST_TRACKING": "ignore_errors",  # the shim meters and caps; mini's own estimate is not the record
+            "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "3",
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "HF_HUB_OFFLINE": "1",
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        }
+        return HarnessRun(argv=[sys.executable, "-m", "harness.adapters.mini_swe_agent_main", str(cfg)], env=env,
+                          trajectory=traj)
+
+    def outcome(self, run: HarnessRun, exit_code: int) -> HarnessOutcome:
+        try:
+            status = json.loads(run.trajectory.read_text())["info"]["exit_status"]
+        except (OSError, ValueError, KeyError):
+            return HarnessOutcome.HARNESS_ERROR
+        return EXIT_STATUS.get(status, HarnessOutcome.HARNESS_ERROR)

@@ -1,0 +1,188 @@
+"""One agent task: `python -m harness <job-uri>`.
+
+fetch the job -> check out the repository at its base commit -> start the shim on 127.0.0.1 (the only
+process that holds the run's provider key) -> run the harness against the shim with a scrubbed
+environment -> take the patch (git diff against the base commit) -> upload patch, trajectory and ledger
+-> send the attempt's result to the results queue. Whatever happens, a result is sent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from contract import aws
+from contract.models import AttemptResult, Envelope, HarnessOutcome, Job, Totals, utcnow
+from harness.adapters import ADAPTERS
+
+log = logging.getLogger("evalplane.task")
+UPSTREAM_KEY_ENV = "EVALPLANE_UPSTREAM_KEY"
+SCRATCH_FILES = ("patch.txt",)  # files harnesses are told to write in the repo; never part of the patch
+
+
+def git(testbed: Path, *args: str, check: bool = True) -> str:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(testbed.parent),
+           "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0"}
+    p = subprocess.run(["git", *args], cwd=testbed, env=env, capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed: {p.stderr.strip()}")
+    return p.stdout
+
+
+def checkout(job: Job, testbed: Path) -> None:
+    """The repository at the base commit. Locally a clone of the bundle; on AWS it is baked at /testbed."""
+    if Path(job.repo_source) == testbed:
+        return
+    if testbed.exists():
+        shutil.rmtree(testbed)
+    subprocess.run(["git", "clone", "-q", job.repo_source, str(testbed)], check=True, capture_output=True)
+    git(testbed, "checkout", "-q", "--detach", job.instance["base_commit"])
+    git(testbed, "config", "user.email", "agent@evalplane.local")
+    git(testbed, "config", "user.name", "agent")
+
+
+def take_patch(testbed: Path, base_commit: str) -> str:
+    """Everything the agent changed against the base commit, new files included, scratch files excluded."""
+    git(testbed, "add", "-A")
+    for f in SCRATCH_FILES:
+        git(testbed, "reset", "-q", "--", f, check=False)
+    return git(testbed, "diff", "--cached", "--binary", base_commit)
+
+
+class Shim:
+    """The shim as a child process; the provider key is in its environment and nowhere else."""
+
+    def __init__(self, job: Job, workdir: Path, key: str):
+        self.token = "local-" + secrets.token_hex(16)
+        self.port_file = workdir / "shim.port"
+        self.status_file = workdir / "shim.status.json"
+        self.ledger = workdir / "ledger.jsonl"
+        cfg = {
+            "upstream_url": job.upstream_url, "provider": job.model.provider, "model": job.model.model,
+            "pool": job.model.pool, "ref": job.ref.model_dump(), "local_token": self.token,
+            "ledger_path": str(self.ledger), "valkey_url": job.valkey_url,
+            "results_queue_url": job.results_queue_url, "limits": job.limits.model_dump(),
+            "run_cost_usd": job.run_cost_usd, "port_file": str(self.port_file), "status_path": str(self.status_file),
+        }
+        (workdir / "shim.json").write_text(json.dumps(cfg))
+        env = {k: v for k, v in os.environ.items() if k != UPSTREAM_KEY_ENV} | {"SHIM_UPSTREAM_KEY": key}
+        self.log = open(workdir / "shim.log", "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "shim", "--config", str(workdir / "shim.json")],
+                                     env=env, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while not (self.port_file.exists() and self.port_file.read_text().strip()):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the shim did not start")
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port_file.read_text().strip()}"
+
+    def status(self) -> dict:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.url + "/_shim/status", timeout=2) as r:
+                return json.loads(r.read())
+        except OSError:
+            return {}
+
+    def stop(self) -> dict:
+        """SIGTERM: the shim flushes its ledger batches to the results queue and writes its status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        try:
+            return json.loads(self.status_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+
+def run_harness(job: Job, testbed: Path, workdir: Path, shim: Shim) -> HarnessOutcome:
+    adapter = ADAPTERS[job.harness.name]()
+    hr = adapter.prepare(job, testbed, workdir, shim.url, shim.token)
+    assert UPSTREAM_KEY_ENV not in hr.env and "SHIM_UPSTREAM_KEY" not in hr.env
+    deadline = time.monotonic() + (job.limits.wall_time_s or 1e9)
+    with open(workdir / "harness.log", "ab") as logf:
+        proc = subprocess.Popen(hr.argv, env=hr.env, cwd=testbed, stdout=logf, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        stopped, timed_out = None, False
+        while proc.poll() is None:
+            time.sleep(0.5)
+            stopped = shim.status().get("stopped")
+            timed_out = time.monotonic() > deadline
+            if stopped or timed_out:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                break
+        stopped = stopped or shim.status().get("stopped")
+    if stopped:
+        return HarnessOutcome(stopped)
+    if timed_out:
+        return HarnessOutcome.WALL_TIME_EXCEEDED
+    return adapter.outcome(hr, proc.returncode)
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s task %(levelname)s %(message)s")
+    if len(argv) != 1:
+        print("usage: python -m harness <job-uri>", file=sys.stderr)
+        return 2
+    job = Job.model_validate_json(aws.get_text(argv[0]))
+    ref = job.ref
+    state = Path(os.environ.get("EVALPLANE_STATE_DIR", "/tmp/evalplane"))
+    workdir = state / "tasks" / ref.run / ref.instance_id / str(ref.attempt)
+    workdir.mkdir(parents=True, exist_ok=True)
+    testbed = workdir / "testbed" if job.repo_source != "/testbed" else Path("/testbed")
+    started = utcnow()
+    outcome, error, patch, shim_status, shim = HarnessOutcome.INFRA_ERROR, None, "", {}, None
+    key = os.environ.pop(UPSTREAM_KEY_ENV, "")
+    try:
+        checkout(job, testbed)
+        shim = Shim(job, workdir, key)
+        outcome = run_harness(job, testbed, workdir, shim)
+        patch = take_patch(testbed, job.instance["base_commit"])
+    except Exception as e:  # still land a row: the attempt failed on our side
+        log.exception("task failed")
+        error = f"{type(e).__name__}: {e}"
+        outcome = HarnessOutcome.INFRA_ERROR
+        try:
+            patch = take_patch(testbed, job.instance["base_commit"])
+        except Exception:
+            pass
+    finally:
+        if shim is not None:
+            shim_status = shim.stop()
+    prefix = job.artifacts_prefix
+    patch_uri = traj_uri = None
+    if patch:
+        patch_uri = prefix + "patch.diff"
+        aws.put_text(patch_uri, patch, "text/x-diff")
+    traj = workdir / "trajectory.json"
+    if traj.exists():
+        traj_uri = prefix + "trajectory.json"
+        aws.put_text(traj_uri, traj.read_bytes())
+    if (workdir / "ledger.jsonl").exists():
+        aws.put_text(prefix + "ledger.jsonl", (workdir / "ledger.jsonl").read_bytes(), "application/x-ndjson")
+    result = AttemptResult(
+        ref=ref, harness=job.harness.name, pool=job.model.pool, model=job.model.model, outcome=outcome,
+        patch_uri=patch_uri, patch_bytes=len(patch.encode()), trajectory_uri=traj_uri,
+        ledger_calls=int(shim_status.get("ledger_rows", 0)), totals=Totals.model_validate(shim_status.get("totals", {})),
+        started_at=started, ended_at=utcnow(), error=error,
+    )
+    aws.send(job.results_queue_url, Envelope(msg=result).model_dump_json())
+    log.info("attempt %s landed as %s (%d patch bytes)", ref.slug, outcome.value, result.patch_bytes)
+    return 0

@@ -1,0 +1,126 @@
+"""The spec: every mistake named with its field path and line; a bad spec writes nothing."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dispatcher.plan import make_plan
+from dispatcher.spec import SpecError, load_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+DATASETS = ROOT.parent / "shared" / "datasets"
+
+GOOD = """
+[run]
+name = "{name}"
+[harness]
+name = "mini-swe-agent"
+[model]
+provider = "openai"
+model = "gpt-4o-mini"
+[instances]
+dataset = "{dataset}"
+{extra}
+[budget]
+run_usd = 1.0
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "spec.toml"
+    p.write_text(text)
+    return p
+
+
+def test_example_spec_is_valid():
+    spec = load_spec(ROOT / "examples" / "local.toml")
+    plan = make_plan(spec)
+    assert len(plan.rows) == len(plan.refs) >= 3
+    assert spec.pool == "gpt-4o-mini@mini-swe-agent"
+    assert all(Path(s).is_file() for s in plan.repo_sources.values())
+
+
+@pytest.mark.parametrize("name,count", [
+    ("SWE-bench_Verified_test.parquet", 500), ("SWE-bench_Lite_test.parquet", 300), ("SWE-bench_Lite_dev.parquet", 23)])
+def test_shared_parquet_datasets_load(tmp_path, name, count):
+    spec = load_spec(write(tmp_path, GOOD.format(name="p", dataset=DATASETS / name, extra="")
+                           .replace('[budget]', '[backend]\nkind = "aws"\nstack_outputs = "x.json"\n[budget]')))
+    assert len(make_plan(spec).rows) == count
+
+
+def test_ids_filter_and_slice(tmp_path):
+    extra = 'filter = { repo = "django/django" }\nslice = "2:7"'
+    spec = load_spec(write(tmp_path, GOOD.format(name="p", dataset=DATASETS / "SWE-bench_Verified_test.parquet", extra=extra)
+                           .replace('[budget]', '[backend]\nkind = "aws"\nstack_outputs = "x.json"\n[budget]')))
+    rows = list(make_plan(spec).rows.values())
+    assert len(rows) == 5 and all(r["repo"] == "django/django" for r in rows)
+
+
+def test_unknown_ids_are_named(tmp_path):
+    text = GOOD.format(name="p", dataset=ROOT / "examples/synthetic/instances.jsonl",
+                       extra=f'ids = ["nope__nope-1"]\nrepos = "{ROOT / "examples/synthetic/repos"}"')
+    with pytest.raises(SpecError) as e:
+        make_plan(load_spec(write(tmp_path, text)))
+    assert [p.path for p in e.value.problems] == ["instances.ids"]
+    assert "nope__nope-1" in e.value.problems[0].message
+
+
+THREE_MISTAKES = """
+[run]
+name = "Bad Name!"
+
+[harness]
+name = "mini-swe-agent"
+
+[model]
+provider = "openai"
+model = "gpt-4o-mini"
+
+[instances]
+dataset = "does-not-exist.jsonl"
+
+[budget]
+run_usd = -5
+"""
+
+
+def test_three_mistakes_three_errors_with_lines(tmp_path):
+    with pytest.raises(SpecError) as e:
+        load_spec(write(tmp_path, THREE_MISTAKES))
+    got = {p.path: p for p in e.value.problems}
+    assert set(got) == {"run.name", "instances.dataset", "budget.run_usd"}
+    assert got["run.name"].line == 3
+    assert got["instances.dataset"].line == 13
+    assert got["budget.run_usd"].line == 16
+    assert "greater than 0" in got["budget.run_usd"].message
+
+
+def test_unknown_field_and_toml_syntax(tmp_path):
+    with pytest.raises(SpecError) as e:
+        load_spec(write(tmp_path, GOOD.format(name="ok", dataset="x", extra="").replace("[budget]", "[budget]\nrun_cap = 3")))
+    paths = {p.path for p in e.value.problems}
+    assert "budget.run_cap" in paths and "instances.dataset" in paths
+    with pytest.raises(SpecError) as e:
+        load_spec(write(tmp_path, "[run\nname = 1"))
+    assert e.value.problems[0].line == 1
+
+
+def test_validate_cli_exits_nonzero_and_writes_nothing(tmp_path, database_url):
+    import psycopg
+
+    spec = write(tmp_path, THREE_MISTAKES.replace("Bad Name!", "Bad Name!"))
+    with psycopg.connect(database_url) as conn:
+        before = conn.execute("SELECT count(*) FROM runs").fetchone()[0]
+    for cmd in ("validate", "run"):
+        p = subprocess.run([sys.executable, "-m", "dispatcher", cmd, str(spec)], capture_output=True, text=True,
+                           cwd=tmp_path, env={"DATABASE_URL": database_url, "PATH": "/usr/bin:/bin",
+                                              "EVALPLANE_STATE_DIR": str(tmp_path / "state")})
+        assert p.returncode == 2, p.stderr
+        assert "3 problem(s)" in p.stderr
+        for field in ("run.name (line 3)", "instances.dataset (line 13)", "budget.run_usd (line 16)"):
+            assert field in p.stderr
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == before
+    assert not (tmp_path / "state").exists()
