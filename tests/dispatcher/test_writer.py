@@ -1,0 +1,113 @@
+"""The results writer against the real PostgreSQL and moto's SQS/S3: idempotent landing, eval only for patches."""
+
+import json
+from datetime import timedelta
+
+import pytest
+from psycopg.types.json import Jsonb
+
+from contract import aws
+from contract.models import (
+    AttemptLimits, AttemptRef, AttemptResult, CallRecord, Envelope, EvalJob, EvalOutcome, HarnessOutcome, HarnessRef,
+    Job, LedgerBatch, ModelRef, Totals, Verdict, utcnow,
+)
+from dispatcher import resources
+from dispatcher.writer import ResultsWriter
+
+
+@pytest.fixture
+def run(pg, moto_endpoint, unique, database_url):
+    pg.execute("INSERT INTO runs (run, spec, spec_hash, backend, attempts) VALUES (%s, %s, 'h', 'local', 2)",
+               (unique, Jsonb({})))
+    pg.commit()
+    res = resources.ensure(unique)
+    return res, ResultsWriter(res, database_url)
+
+
+def job_for(res, ref):
+    job = Job(ref=ref, harness=HarnessRef(name="mini-swe-agent"), model=ModelRef(provider="openai", model="m", pool="p"),
+              limits=AttemptLimits(), instance={"instance_id": ref.instance_id, "base_commit": "abc"},
+              repo_source="/x.bundle", upstream_url="http://u", results_queue_url=res.results_queue_url,
+              artifacts_prefix=res.artifacts_prefix(ref), valkey_url="redis://x")
+    aws.put_text(res.job_uri(ref), job.model_dump_json())
+
+
+def calls(ref, n):
+    return [CallRecord(run=ref.run, instance_id=ref.instance_id, attempt=ref.attempt, seq=i + 1, pool="p",
+                       provider="openai", model="m", route="/v1/chat/completions", input_tokens=10, output_tokens=5,
+                       cost_usd=0.001) for i in range(n)]
+
+
+def result(ref, patch_bytes, patch_uri=None):
+    t = utcnow()
+    return AttemptResult(ref=ref, harness="mini-swe-agent", pool="p", model="m", outcome=HarnessOutcome.SUBMITTED,
+                         patch_uri=patch_uri, patch_bytes=patch_bytes, ledger_calls=3,
+                         totals=Totals(calls=3, input_tokens=30, output_tokens=15, cost_usd=0.003),
+                         started_at=t - timedelta(seconds=5), ended_at=t)
+
+
+def send_all(res, msgs):
+    for m in msgs:
+        aws.send(res.results_queue_url, Envelope(msg=m).model_dump_json())
+
+
+def drain(writer):
+    while writer.poll_once(wait_s=0):
+        pass
+
+
+def eval_jobs(res):
+    got = aws.client("sqs").receive_message(QueueUrl=res.eval_queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0)
+    return [EvalJob.model_validate_json(m["Body"]) for m in got.get("Messages", [])]
+
+
+def test_redelivered_messages_land_once_and_only_patches_reach_the_grader(run, pg):
+    res, writer = run
+    with_patch = AttemptRef(run=res.run, instance_id="a__b-1", attempt=1)
+    empty = AttemptRef(run=res.run, instance_id="a__b-2", attempt=1)
+    job_for(res, with_patch)
+    aws.put_text(res.artifacts_prefix(with_patch) + "patch.diff", "diff --git a/x b/x\n")
+    ledger = LedgerBatch(ref=with_patch, rows=calls(with_patch, 3))
+    msgs = [ledger, result(with_patch, 20, res.artifacts_prefix(with_patch) + "patch.diff"),
+            LedgerBatch(ref=empty, rows=calls(empty, 3)), result(empty, 0)]
+    send_all(res, msgs + msgs)  # every message delivered twice
+    drain(writer)
+
+    rows = dict(pg.execute("SELECT instance_id, status FROM attempts WHERE run=%s", (res.run,)).fetchall())
+    assert rows == {"a__b-1": "PATCH_READY", "a__b-2": "EMPTY_PATCH"}
+    assert pg.execute("SELECT count(*) FROM calls WHERE run=%s", (res.run,)).fetchone()[0] == 6
+    assert pg.execute("SELECT count(*) FROM phases WHERE run=%s", (res.run,)).fetchone()[0] == 2
+    jobs = eval_jobs(res)
+    assert [j.ref for j in jobs] == [with_patch]
+    assert jobs[0].instance["base_commit"] == "abc" and jobs[0].patch_uri.endswith("patch.diff")
+    tot = pg.execute("SELECT calls, input_tokens, output_tokens, cost_usd FROM attempts WHERE run=%s AND instance_id='a__b-1'",
+                     (res.run,)).fetchone()
+    assert tot[:3] == (3, 30, 15) and float(tot[3]) == pytest.approx(0.003)
+    assert aws.client("sqs").get_queue_attributes(QueueUrl=res.results_queue_url, AttributeNames=[
+        "ApproximateNumberOfMessages"])["Attributes"]["ApproximateNumberOfMessages"] == "0"
+
+    t = utcnow()
+    verdict = Verdict(ref=with_patch, outcome=EvalOutcome.RESOLVED, resolved=True, report={"resolved": True},
+                      started_at=t, ended_at=t)
+    send_all(res, [verdict, verdict])
+    drain(writer)
+    assert pg.execute("SELECT status, resolved FROM attempts WHERE run=%s AND instance_id='a__b-1'",
+                      (res.run,)).fetchone() == ("RESOLVED", True)
+    assert pg.execute("SELECT count(*) FROM phases WHERE run=%s AND phase='eval'", (res.run,)).fetchone()[0] == 1
+
+
+def test_sweep_enqueues_committed_but_unsent_eval_jobs(run, pg):
+    res, writer = run
+    ref = AttemptRef(run=res.run, instance_id="a__b-3", attempt=1)
+    job_for(res, ref)
+    writer.land([Envelope(msg=result(ref, 10, res.artifacts_prefix(ref) + "patch.diff"))])  # crash before enqueue
+    assert eval_jobs(res) == []
+    assert writer.sweep() == 1
+    assert [j.ref for j in eval_jobs(res)] == [ref]
+    assert writer.sweep() == 0  # marked as enqueued
+
+
+def test_unreadable_message_is_not_deleted(run):
+    res, writer = run
+    aws.send(res.results_queue_url, json.dumps({"msg": {"kind": "nonsense"}}))
+    assert writer.poll_once(wait_s=0) == 0
