@@ -7,13 +7,13 @@ alive (its progress key in Valkey is fresh) are waited for, not launched twice.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
 import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -37,6 +37,7 @@ from dispatcher import localstack, resources
 from dispatcher.actors import PoolPacer, ResultsWriterActor
 from dispatcher.launchers.base import TaskHandle
 from dispatcher.launchers.process import ProcessLauncher, local_task_env
+from dispatcher.local_services import LocalServices
 from dispatcher.plan import Plan, spec_json
 from dispatcher.progress import Progress
 from dispatcher.resources import RunResources
@@ -57,21 +58,6 @@ class Running:
     started: float
     exited_at: float | None = None
     exit_code: int | None = None
-
-
-@dataclass
-class Services:
-    procs: list[subprocess.Popen] = field(default_factory=list)
-
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
 
 
 def open_run(conn: psycopg.Connection, plan: Plan) -> str:
@@ -98,44 +84,21 @@ def landed_status(conn: psycopg.Connection, run: str) -> dict[tuple[str, int], s
     return {(i, a): s for i, a, s in rows}
 
 
-def start_simulator(plan: Plan, run_dir: Path, api_key: str) -> tuple[str, subprocess.Popen]:
-    sim = plan.spec.simulator
-    dataset = run_dir / "instances.jsonl"
-    dataset.write_text("".join(_json_line(r) for r in plan.rows.values()))
-    port_file = run_dir / "simulator.port"
-    port_file.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "simulator", "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file),
-           "--dataset", str(dataset), "--policy", sim.policy if sim else "echo", "--api-key", api_key]
-    for flag in ("rpm", "tpm", "itpm", "otpm"):
-        if sim and getattr(sim, flag):
-            cmd += [f"--{flag}", str(getattr(sim, flag))]
-    if sim and sim.error_rate:
-        cmd += ["--error-rate", str(sim.error_rate)]
-    logf = open(run_dir / "simulator.log", "ab")
-    proc = subprocess.Popen(cmd, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 30
-    while not (port_file.exists() and port_file.read_text().strip()):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the provider simulator did not start; see {run_dir / 'simulator.log'}")
-        time.sleep(0.05)
-    return f"http://127.0.0.1:{port_file.read_text().strip()}", proc
-
-
 def _json_line(row: dict) -> str:
-    import json
-
     return json.dumps(row, default=str) + "\n"
 
 
-def start_eval_workers(plan: Plan, res: RunResources, run_dir: Path, env: dict[str, str]) -> list[subprocess.Popen]:
-    procs = []
-    for i in range(plan.spec.eval.workers):
-        logf = open(run_dir / f"eval-worker-{i}.log", "ab")
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "eval_worker", "--queue", res.eval_queue_url, "--logs-root", str(run_dir / "eval")],
-            stdout=logf, stderr=logf, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-        ))
-    return procs
+def simulator_args(plan: Plan, run_dir: Path) -> list[str]:
+    sim = plan.spec.simulator
+    dataset = run_dir / "instances.jsonl"
+    dataset.write_text("".join(_json_line(r) for r in plan.rows.values()))
+    argv = ["--dataset", str(dataset), "--policy", sim.policy if sim else "echo"]
+    for flag in ("rpm", "tpm", "itpm", "otpm"):
+        if sim and getattr(sim, flag):
+            argv += [f"--{flag}", str(getattr(sim, flag))]
+    if sim and sim.error_rate:
+        argv += ["--error-rate", str(sim.error_rate)]
+    return argv
 
 
 def make_job(plan: Plan, res: RunResources, ref: AttemptRef, upstream_url: str, valkey_url: str) -> Job:
@@ -182,7 +145,8 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
         raise NotImplementedError("backend 'aws' lands with the ECS launcher (issue 4)")
     localstack.ensure_moto()
     res = resources.ensure(run)
-    services = Services()
+    workers: list[subprocess.Popen] = []
+    services = LocalServices(run_dir)
     valkey = redis.Redis.from_url(valkey_url)
     try:
         if spec.model.base_url:
@@ -190,14 +154,13 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
             if not key:
                 raise RuntimeError(f"model.api_key_env: environment variable {spec.model.api_key_env} is not set")
         else:
-            key = "sk-sim-" + secrets.token_hex(16)
-            upstream, sim = start_simulator(plan, run_dir, key)
-            services.procs.append(sim)
+            upstream, key = services.simulator(simulator_args(plan, run_dir), "sk-sim-" + secrets.token_hex(16))
         aws_env = {k: os.environ[k] for k in (*localstack.LOCAL_AWS_ENV, "AWS_ENDPOINT_URL") if k in os.environ}
         task_env = local_task_env({**aws_env, UPSTREAM_KEY_ENV: key, "EVALPLANE_STATE_DIR": str(localstack.state_dir()),
                                    "DATABASE_URL": db.database_url(), "VALKEY_URL": valkey_url})
         worker_env = local_task_env({**aws_env, "EVALPLANE_STATE_DIR": str(localstack.state_dir())})
-        services.procs += start_eval_workers(plan, res, run_dir, worker_env)
+        workers = services.eval_workers(plan.spec.eval.workers, ["--queue", res.eval_queue_url, "--logs-root",
+                                                                 str(run_dir / "eval")], worker_env)
 
         ray_init(spec.backend.dashboard, aws_env)
         writer = ResultsWriterActor.options(name=f"results-writer:{run}", namespace="evalplane",
@@ -241,19 +204,22 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
                 job = make_job(plan, res, ref, upstream, valkey_url)
                 aws.put_text(res.job_uri(ref), job.model_dump_json())
                 running[ref] = Running(handle=launcher.launch(ref, res.job_uri(ref)), started=now)
-            for p in services.procs:
-                if p.poll() is not None and "eval_worker" in " ".join(map(str, p.args)):
-                    raise RuntimeError(f"an eval worker exited with code {p.returncode}; see {run_dir}")
+            for w in workers:
+                if w.poll() is not None:
+                    raise RuntimeError(f"an eval worker exited with code {w.returncode}; see {run_dir}")
             time.sleep(0.5)
         progress.done()
         ray.get(writer.stop.remote())
         ray.kill(writer)
         conn.execute("UPDATE runs SET status = 'finished', finished_at = now() WHERE run = %s", (run,))
         conn.commit()
+        services.stop_all()
         resources.remove_queues(res)
         return "finished"
     finally:
-        services.stop()
+        for w in workers:
+            if w.poll() is None:
+                w.terminate()
         conn.close()
 
 

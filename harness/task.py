@@ -16,10 +16,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
-from contract import aws
+from contract import aws, keys
 from contract.models import AttemptResult, Envelope, HarnessOutcome, Job, Totals, utcnow
 from harness.adapters import ADAPTERS
 
@@ -107,6 +108,40 @@ class Shim:
             return {}
 
 
+class Heartbeat:
+    """The attempt's progress key, kept alive while the task lives: the dispatcher's sign not to relaunch it."""
+
+    def __init__(self, job: Job):
+        import redis
+
+        self.r = redis.Redis.from_url(job.valkey_url)
+        self.key = keys.progress(job.ref)
+        self.stop_event = threading.Event()
+        self.beat("starting")
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def beat(self, phase: str | None = None) -> None:
+        with self.r.pipeline() as p:
+            if phase:
+                p.hset(self.key, mapping={"phase": phase, "pid": os.getpid(), "host": os.uname().nodename})
+            p.expire(self.key, keys.PROGRESS_TTL_S)
+            p.execute()
+
+    def _run(self) -> None:
+        while not self.stop_event.wait(keys.PROGRESS_TTL_S / 4):
+            try:
+                self.beat()
+            except Exception:  # a missed beat is retried; the TTL leaves room for several
+                log.warning("progress heartbeat failed", exc_info=True)
+
+    def finish(self, outcome: str) -> None:
+        """The result is on the queue: keep the key a little longer, until the writer has landed it."""
+        self.stop_event.set()
+        self.r.hset(self.key, mapping={"phase": "done", "outcome": outcome})
+        self.r.expire(self.key, 30)
+
+
 def run_harness(job: Job, testbed: Path, workdir: Path, shim: Shim) -> HarnessOutcome:
     adapter = ADAPTERS[job.harness.name]()
     hr = adapter.prepare(job, testbed, workdir, shim.url, shim.token)
@@ -150,9 +185,11 @@ def main(argv: list[str]) -> int:
     started = utcnow()
     outcome, error, patch, shim_status, shim = HarnessOutcome.INFRA_ERROR, None, "", {}, None
     key = os.environ.pop(UPSTREAM_KEY_ENV, "")
+    heartbeat = Heartbeat(job)
     try:
         checkout(job, testbed)
         shim = Shim(job, workdir, key)
+        heartbeat.beat("harness")
         outcome = run_harness(job, testbed, workdir, shim)
         patch = take_patch(testbed, job.instance["base_commit"])
     except Exception as e:  # still land a row: the attempt failed on our side
@@ -184,5 +221,6 @@ def main(argv: list[str]) -> int:
         started_at=started, ended_at=utcnow(), error=error,
     )
     aws.send(job.results_queue_url, Envelope(msg=result).model_dump_json())
+    heartbeat.finish(outcome.value)
     log.info("attempt %s landed as %s (%d patch bytes)", ref.slug, outcome.value, result.patch_bytes)
     return 0

@@ -1,0 +1,6 @@
+"""A provider simulator: OpenAI and Anthropic wire formats, usage, rate limits, faults and pace."""
+
+from simulator.app import make_app
+from simulator.config import SimulatorConfig
+
+__all__ = ["SimulatorConfig", "make_app"]

@@ -1,0 +1,61 @@
+"""The simulator's configuration: one pydantic model, also the single source of the CLI flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class SimulatorConfig(BaseModel):
+    """Everything that shapes the simulator's behaviour. A limit of 0 switches that dimension off."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    api_key: str | None = Field(None, description="accept only this key; unset = any non-empty key")
+    rpm: int = Field(10_000, ge=0, description="requests per minute, per model, both routes (0 = no limit)")
+    tpm: int = Field(30_000_000, ge=0, description="OpenAI tokens per minute (input + max_tokens)")
+    itpm: int = Field(2_000_000, ge=0, description="Anthropic input tokens per minute (cache reads free)")
+    otpm: int = Field(400_000, ge=0, description="Anthropic output tokens per minute")
+    error_rate: float = Field(0.0, ge=0, le=1, description="fraction of requests answered with an error")
+    error_statuses: list[int] = Field(
+        [429, 529, 503], min_length=1, description="statuses to inject, e.g. 429,529"
+    )
+    stream_error_rate: float = Field(
+        0.0, ge=0, le=1, description="fraction of streams ending in `event: error`"
+    )
+    stream_cut_rate: float = Field(0.0, ge=0, le=1, description="fraction of streams cut half-way")
+    seed: int | None = Field(None, description="seed for the fault dice")
+    ttft_ms: float = Field(0.0, ge=0, description="time to first token")
+    tokens_per_s: float = Field(0.0, ge=0, description="output pace (0 = instant)")
+    policy: str = Field("echo", description="`echo` or a path to a JSON demo policy file")
+    dataset: Path | None = Field(None, description="SWE-bench .jsonl for the demo policy")
+    cache_prompts: int = Field(100_000, ge=1, description="prompts kept for prompt caching (LRU)")
+
+    @field_validator("error_statuses", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [int(part) for part in value.split(",") if part.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _demo_needs_dataset(self) -> SimulatorConfig:
+        if self.policy != "echo" and self.dataset is None:
+            raise ValueError("a demo policy file needs --dataset")
+        return self
+
+    def to_argv(self) -> list[str]:
+        """The CLI flags that rebuild this config (for running it as a subprocess)."""
+        argv: list[str] = []
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+            argv += [flag(name), text]
+        return argv
+
+
+def flag(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")

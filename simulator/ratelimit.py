@@ -1,0 +1,121 @@
+"""Per-model token buckets that refill continuously, with one minute of burst, like provider limits.
+
+Each (route, model) gets one bucket per configured dimension (e.g. requests, tokens). Admission is
+all-or-nothing: a call is admitted only if every bucket holds its cost, and then all are charged.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+
+class TokenBucket:
+    def __init__(self, per_minute: int, now: float) -> None:
+        self.capacity = float(per_minute)
+        self.rate = per_minute / 60.0
+        self._level = self.capacity
+        self._at = now
+
+    def level(self, now: float) -> float:
+        self._level = min(self.capacity, self._level + (now - self._at) * self.rate)
+        self._at = now
+        return self._level
+
+    def wait_for(self, cost: float, now: float) -> float:
+        """Seconds until the bucket holds `cost` (0 if it does now)."""
+        return max(0.0, (cost - self.level(now)) / self.rate)
+
+    def take(self, cost: float, now: float) -> None:
+        self._level = self.level(now) - cost
+
+    def until_full(self, now: float) -> float:
+        return (self.capacity - self.level(now)) / self.rate
+
+
+@dataclass(frozen=True)
+class BucketState:
+    limit: int
+    remaining: int
+    reset_s: float  # seconds until the bucket is full again
+
+
+@dataclass(frozen=True)
+class Refusal:
+    dimension: str
+    retry_after_s: float
+    limit: int
+
+
+class Limits:
+    """The buckets of one (route, model); dimensions with a limit of 0 are not limited."""
+
+    def __init__(self, limits: dict[str, int], clock: Callable[[], float]) -> None:
+        self._clock = clock
+        now = clock()
+        self._buckets = {dim: TokenBucket(limit, now) for dim, limit in limits.items() if limit > 0}
+
+    def admit(self, costs: dict[str, float]) -> Refusal | None:
+        now = self._clock()
+        for dim, cost in costs.items():
+            bucket = self._buckets.get(dim)
+            if bucket is not None and (wait := bucket.wait_for(cost, now)) > 0:
+                return Refusal(dim, wait, int(bucket.capacity))
+        for dim, cost in costs.items():
+            if dim in self._buckets:
+                self._buckets[dim].take(cost, now)
+        return None
+
+    def snapshot(self) -> dict[str, BucketState]:
+        now = self._clock()
+        return {
+            dim: BucketState(int(b.capacity), max(0, math.floor(b.level(now))), b.until_full(now))
+            for dim, b in self._buckets.items()
+        }
+
+
+class RateLimiter:
+    """Creates each (route, model)'s Limits on first use, from the route's configured limits."""
+
+    def __init__(
+        self, limits_by_route: dict[str, dict[str, int]], clock: Callable[[], float] = time.monotonic
+    ):
+        self._config = limits_by_route
+        self._clock = clock
+        self._limits: dict[tuple[str, str], Limits] = {}
+
+    def for_model(self, route: str, model: str) -> Limits:
+        key = (route, model)
+        if key not in self._limits:
+            self._limits[key] = Limits(self._config[route], self._clock)
+        return self._limits[key]
+
+    def clear(self) -> None:
+        self._limits.clear()
+
+
+def go_duration(seconds: float) -> str:
+    """Go's time.Duration.String() at millisecond precision, as in OpenAI's x-ratelimit-reset-*."""
+    ms = math.ceil(seconds * 1000 - 1e-6)
+    if ms <= 0:
+        return "0s"
+    if ms < 1000:
+        return f"{ms}ms"
+    hours, rest = divmod(ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    secs = f"{rest / 1000:.3f}".rstrip("0").rstrip(".")
+    text = f"{secs}s"
+    if hours or minutes:
+        text = f"{minutes}m{text}"
+    if hours:
+        text = f"{hours}h{text}"
+    return text
+
+
+def rfc3339_after(seconds: float) -> str:
+    """The moment `seconds` from now, as Anthropic's anthropic-ratelimit-*-reset timestamps."""
+    moment = datetime.now(UTC) + timedelta(seconds=math.ceil(seconds))
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,139 @@
+"""End to end on one machine: dispatcher (Ray driver) -> tasks (mini-swe-agent + shim) -> simulator ->
+results queue -> writer -> eval worker (official grading) -> rows, predictions.jsonl and the report JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SYNTHETIC = ROOT / "examples" / "synthetic"
+pytestmark = pytest.mark.e2e
+
+
+def instances() -> list[dict]:
+    return [json.loads(line) for line in (SYNTHETIC / "instances.jsonl").read_text().splitlines() if line.strip()]
+
+
+def demo_expectation() -> dict[str, str]:
+    policy = json.loads((SYNTHETIC / "demo_policy.json").read_text())["instances"]
+    want = {}
+    for row in instances():
+        action = policy.get(row["instance_id"], {}).get("action", "gold")
+        want[row["instance_id"]] = {"gold": "RESOLVED", "patch": "UNRESOLVED", "empty": "EMPTY_PATCH"}[action]
+    return want
+
+
+def write_spec(tmp_path: Path, run: str, concurrency: int = 2) -> Path:
+    text = (ROOT / "examples" / "local.toml").read_text()
+    text = text.replace('name = "local-demo"', f'name = "{run}"')
+    text = text.replace('"synthetic/', f'"{SYNTHETIC}/')
+    text = text.replace("concurrency = 2", f"concurrency = {concurrency}")
+    spec = tmp_path / "spec.toml"
+    spec.write_text(text)
+    return spec
+
+
+@pytest.fixture
+def env(tmp_path, database_url, valkey_url, moto_endpoint):
+    return os.environ | {
+        "DATABASE_URL": database_url, "VALKEY_URL": valkey_url, "AWS_ENDPOINT_URL": moto_endpoint,
+        "EVALPLANE_STATE_DIR": str(tmp_path / "state"), "RAY_USAGE_STATS_ENABLED": "0",
+    }
+
+
+def dispatcher(env, *args, timeout=400) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dispatcher", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def counts(database_url: str, run: str) -> dict:
+    with psycopg.connect(database_url) as conn:
+        status = dict(conn.execute("SELECT instance_id, status FROM attempts WHERE run=%s", (run,)).fetchall())
+        per_attempt = conn.execute(
+            """SELECT a.instance_id, count(c.*), coalesce(sum(c.input_tokens + c.cached_tokens), 0),
+                      coalesce(sum(c.output_tokens), 0), a.calls
+               FROM attempts a LEFT JOIN calls c USING (run, instance_id, attempt)
+               WHERE a.run=%s GROUP BY a.instance_id, a.calls""", (run,)).fetchall()
+        calls = conn.execute("SELECT count(*), count(DISTINCT call_id) FROM calls WHERE run=%s", (run,)).fetchone()
+        phases = conn.execute("SELECT phase, count(*) FROM phases WHERE run=%s GROUP BY phase", (run,)).fetchall()
+        run_row = conn.execute("SELECT status FROM runs WHERE run=%s", (run,)).fetchone()
+    return {"status": status, "per_attempt": per_attempt, "calls": calls, "phases": dict(phases),
+            "run": run_row and run_row[0]}
+
+
+def test_demo_run_end_to_end_and_rerun_reports(tmp_path, env, database_url, unique):
+    spec = write_spec(tmp_path, unique)
+    p = dispatcher(env, "run", str(spec), "--out", str(tmp_path / "out"))
+    assert p.returncode == 0, p.stderr[-4000:]
+    want = demo_expectation()
+    got = counts(database_url, unique)
+    assert got["status"] == want
+    assert got["run"] == "finished"
+    for iid, n_calls, tokens_in, tokens_out, attempt_calls in got["per_attempt"]:
+        assert n_calls >= 1 and tokens_in > 0 and tokens_out > 0, iid
+        assert attempt_calls == n_calls, iid  # the attempt's totals agree with its ledger
+    assert got["calls"][0] == got["calls"][1]
+    assert got["phases"]["harness"] == len(want)
+    assert got["phases"]["eval"] == sum(1 for s in want.values() if s != "EMPTY_PATCH")
+
+    report = json.loads((tmp_path / "out" / f"gpt-4o-mini.{unique}.json").read_text())
+    for key in ("resolved_ids", "unresolved_ids", "empty_patch_ids", "error_ids", "completed_ids", "submitted_ids",
+                "total_instances", "resolved_instances", "schema_version"):
+        assert key in report
+    assert sorted(report["resolved_ids"]) == sorted(i for i, s in want.items() if s == "RESOLVED")
+    assert sorted(report["unresolved_ids"]) == sorted(i for i, s in want.items() if s == "UNRESOLVED")
+    assert sorted(report["empty_patch_ids"]) == sorted(i for i, s in want.items() if s == "EMPTY_PATCH")
+    assert report["error_ids"] == []
+    preds = [json.loads(x) for x in (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()]
+    assert {p["instance_id"] for p in preds} == set(want)
+    assert all(p["model_name_or_path"] == "gpt-4o-mini" for p in preds)
+    assert "RESOLVED" in p.stdout  # the results table
+
+    # The same spec again: reports the finished run, lands nothing new.
+    again = dispatcher(env, "run", str(spec), "--out", str(tmp_path / "out2"))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "is finished" in again.stderr
+    assert counts(database_url, unique) == got
+
+
+def test_kill_and_resume_lands_every_attempt_once(tmp_path, env, database_url, unique):
+    spec = write_spec(tmp_path, unique, concurrency=1)
+    proc = subprocess.Popen([sys.executable, "-m", "dispatcher", "run", str(spec)], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if len(counts(database_url, unique)["status"]) >= 1:
+            break
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver, its Ray workers, its task and its eval worker
+    proc.wait()
+    before = counts(database_url, unique)
+    assert 1 <= len(before["status"]) < len(demo_expectation())
+
+    p = dispatcher(env, "run", str(spec), "--out", str(tmp_path / "out"))
+    assert p.returncode == 0, p.stderr[-4000:]
+    after = counts(database_url, unique)
+    assert after["status"] == demo_expectation()
+    assert after["calls"][0] == after["calls"][1]
+    for iid, n_calls, *_ , attempt_calls in after["per_attempt"]:
+        assert n_calls == attempt_calls, iid  # no ledger row lost or duplicated
+
+
+def test_different_spec_under_same_run_name_is_refused(tmp_path, env, database_url, unique):
+    spec = write_spec(tmp_path, unique)
+    with psycopg.connect(database_url) as conn:
+        conn.execute("INSERT INTO runs (run, spec, spec_hash, backend, attempts) VALUES (%s, '{}', 'other', 'local', 1)",
+                     (unique,))
+    p = dispatcher(env, "run", str(spec))
+    assert p.returncode == 3
+    assert "different spec" in p.stderr
+    assert counts(database_url, unique)["status"] == {}
