@@ -120,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run", nargs="?")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    out, err = Console(), Console(stderr=True)
+    # The results table wants ~150 columns: use them when stdout is not a terminal (logs, CI, pipes).
+    out = Console() if sys.stdout.isatty() else Console(width=160)
+    err = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)
     return {"run": cmd_run, "validate": cmd_validate, "report": cmd_report, "status": cmd_status}[args.cmd](args, out, err)
 
 

@@ -37,7 +37,7 @@ def fetch_attempts(conn: psycopg.Connection, run: str) -> list[dict]:
 
 def results_table(run: str, attempts: list[dict]) -> Table:
     t = Table(title=f"run {run}", show_footer=True)
-    t.add_column("instance", footer="total")
+    t.add_column("instance", footer="total", no_wrap=True)
     t.add_column("att", justify="right")
     t.add_column("harness outcome")
     t.add_column("status", footer=_status_footer(attempts))
