@@ -1,0 +1,216 @@
+"""Eval fleet: ECS on EC2 (grading needs Docker on a real host), a capacity provider on an ASG (min 0)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from components.common import (
+    account_id,
+    child,
+    ecr_pull_statements,
+    logs_statements,
+    region,
+    role_with_policy,
+    run_data_statements,
+    statement,
+    tags,
+)
+from components.ec2 import AL2023_ECS_AMI, instance_profile, launch_template
+
+
+@dataclass(frozen=True)
+class EvalFleetArgs:
+    prefix: str
+    subnet_ids: list[pulumi.Input[str]]
+    sg_id: pulumi.Input[str]
+    bucket_arn: pulumi.Input[str]
+    key_arn: pulumi.Input[str]
+    valkey_arn: pulumi.Input[str]
+    eval_repo_arn: pulumi.Input[str]
+    platform_repo_arn: pulumi.Input[str]
+    platform_repo_url: pulumi.Input[str]
+    queue_prefix: str
+    worker_image_tag: str
+    instance_type: str = "m6i.2xlarge"
+    max_instances: int = 50
+    disk_gb: int = 500
+    worker_cpu: int = 2048
+    worker_memory: int = 7168
+    log_retention_days: int = 30
+
+
+class EvalFleet(pulumi.ComponentResource):
+    def __init__(self, name: str, args: EvalFleetArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("evalplane:eval:EvalFleet", name, None, opts)
+        p = args.prefix
+        t = tags(p, "eval")
+        cluster_name = f"{p}-eval"
+
+        self.cluster = aws.ecs.Cluster(
+            f"{name}-cluster",
+            name=cluster_name,
+            settings=[{"name": "containerInsights", "value": "enabled"}],
+            tags=t,
+            opts=child(self),
+        )
+        container_instances = pulumi.Output.concat(
+            "arn:aws:ecs:", region(), ":", account_id(), ":container-instance/", cluster_name, "/*"
+        )
+        instance_role = role_with_policy(
+            self,
+            f"{name}-instance-role",
+            "ec2.amazonaws.com",
+            "eval-instance",
+            [
+                statement(["ecs:DiscoverPollEndpoint"], "*", sid="EcsAgentDiscoverHasNoResource"),
+                statement(
+                    [
+                        "ecs:DeregisterContainerInstance",
+                        "ecs:RegisterContainerInstance",
+                        "ecs:SubmitAttachmentStateChanges",
+                        "ecs:SubmitContainerStateChange",
+                        "ecs:SubmitTaskStateChange",
+                    ],
+                    [self.cluster.arn],
+                ),
+                statement(
+                    ["ecs:Poll", "ecs:StartTelemetrySession", "ecs:UpdateContainerInstancesState", "ecs:TagResource"],
+                    [container_instances],
+                ),
+                *ecr_pull_statements([args.platform_repo_arn, args.eval_repo_arn]),
+            ],
+            t,
+        )
+        profile = instance_profile(self, f"{name}-instance-profile", instance_role)
+        script = (
+            "#!/bin/bash\nset -euo pipefail\ncat >> /etc/ecs/ecs.config <<'EOF'\n"
+            f"ECS_CLUSTER={cluster_name}\n"
+            "ECS_ENABLE_TASK_IAM_ROLE=true\n"
+            "ECS_IMAGE_PULL_BEHAVIOR=prefer-cached\n"
+            "ECS_ENGINE_TASK_CLEANUP_WAIT_DURATION=10m\n"
+            "ECS_IMAGE_MINIMUM_CLEANUP_AGE=2h\n"
+            "EOF\n"
+        )
+        self.launch_template = launch_template(
+            self,
+            f"{name}-lt",
+            image_id=AL2023_ECS_AMI,
+            instance_type=args.instance_type,
+            sg_ids=[args.sg_id],
+            instance_profile_arn=profile.arn,
+            disk_gb=args.disk_gb,
+            script=script,
+            tier_tags=t,
+        )
+        self.asg = aws.autoscaling.Group(
+            f"{name}-asg",
+            name=f"{p}-eval",
+            min_size=0,
+            max_size=args.max_instances,
+            vpc_zone_identifiers=args.subnet_ids,
+            launch_template={"id": self.launch_template.id, "version": "$Latest"},
+            protect_from_scale_in=False,
+            tags=[
+                {"key": "AmazonECSManaged", "value": "true", "propagate_at_launch": True},
+                *[{"key": k, "value": v, "propagate_at_launch": True} for k, v in t.items()],
+            ],
+            opts=child(self, ignore_changes=["desiredCapacity"]),
+        )
+        self.capacity_provider = aws.ecs.CapacityProvider(
+            f"{name}-cp",
+            name=f"{p}-eval-asg",
+            auto_scaling_group_provider={
+                "auto_scaling_group_arn": self.asg.arn,
+                "managed_termination_protection": "DISABLED",
+                "managed_scaling": {"status": "ENABLED", "target_capacity": 100, "maximum_scaling_step_size": 10},
+            },
+            tags=t,
+            opts=child(self),
+        )
+        cps = aws.ecs.ClusterCapacityProviders(
+            f"{name}-capacity",
+            cluster_name=self.cluster.name,
+            capacity_providers=[self.capacity_provider.name],
+            default_capacity_provider_strategies=[{"capacity_provider": self.capacity_provider.name, "weight": 1}],
+            opts=child(self),
+        )
+
+        self.log_group = aws.cloudwatch.LogGroup(
+            f"{name}-logs", name=f"/{p}/eval", retention_in_days=args.log_retention_days, tags=t, opts=child(self)
+        )
+        self.execution_role = role_with_policy(
+            self,
+            f"{name}-exec-role",
+            "ecs-tasks.amazonaws.com",
+            "eval-exec",
+            [*ecr_pull_statements([args.platform_repo_arn]), *logs_statements([self.log_group.arn])],
+            t,
+        )
+        self.task_role = role_with_policy(
+            self,
+            f"{name}-task-role",
+            "ecs-tasks.amazonaws.com",
+            "eval-task",
+            [
+                *run_data_statements(args.bucket_arn, args.key_arn, args.queue_prefix),
+                *ecr_pull_statements([args.eval_repo_arn]),  # per-instance images, pulled via the host's Docker
+                statement(["elasticache:Connect"], [args.valkey_arn]),
+            ],
+            t,
+        )
+        containers = pulumi.Output.all(args.platform_repo_url, self.log_group.name, region()).apply(
+            lambda a: json.dumps(
+                [
+                    {
+                        "name": "eval-worker",
+                        "image": f"{a[0]}:{args.worker_image_tag}",
+                        "essential": True,
+                        "memory": args.worker_memory,
+                        "mountPoints": [{"sourceVolume": "docker-sock", "containerPath": "/var/run/docker.sock"}],
+                        "logConfiguration": {
+                            "logDriver": "awslogs",
+                            "options": {"awslogs-group": a[1], "awslogs-region": a[2], "awslogs-stream-prefix": "eval"},
+                        },
+                    }
+                ]
+            )
+        )
+        self.task_definition = aws.ecs.TaskDefinition(
+            f"{name}-task",
+            family=f"{p}-eval-worker",
+            requires_compatibilities=["EC2"],  # ADR-0012: Docker-in-Docker needs a real host
+            network_mode="bridge",
+            cpu=str(args.worker_cpu),
+            memory=str(args.worker_memory),
+            execution_role_arn=self.execution_role.arn,
+            task_role_arn=self.task_role.arn,
+            container_definitions=containers,
+            volumes=[{"name": "docker-sock", "host_path": "/var/run/docker.sock"}],
+            tags=t,
+            opts=child(self),
+        )
+        self.service = aws.ecs.Service(
+            f"{name}-service",
+            name=f"{p}-eval-worker",
+            cluster=self.cluster.arn,
+            task_definition=self.task_definition.arn,
+            desired_count=0,  # the dispatcher scales it with the eval queue; the guard sets it back to 0
+            capacity_provider_strategies=[{"capacity_provider": self.capacity_provider.name, "weight": 1}],
+            tags=t,
+            opts=child(self, depends_on=[cps], ignore_changes=["desiredCount"]),
+        )
+        self.cluster_arn = self.cluster.arn
+        self.asg_name = self.asg.name
+        self.task_definition_arn = self.task_definition.arn
+        self.register_outputs(
+            {
+                "clusterArn": self.cluster_arn,
+                "asgName": self.asg_name,
+                "taskDefinitionArn": self.task_definition_arn,
+                "serviceName": self.service.name,
+            }
+        )

@@ -1,0 +1,237 @@
+"""State: the KMS key, Aurora PostgreSQL Serverless v2, the Valkey replication group, the artifact bucket, ECR."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from components.common import child, tags
+
+RUNS_PREFIX = "runs/"
+CONFIG_PREFIX = "config/"
+KIND_TAG = "evalplane:kind"  # object tag the lifecycle rules key on: "log" or "trajectory"
+REPOSITORIES = ("harness-base", "eval-images", "platform")
+
+
+@dataclass(frozen=True)
+class StateArgs:
+    prefix: str
+    data_subnet_ids: list[pulumi.Input[str]]
+    aurora_sg_id: pulumi.Input[str]
+    valkey_sg_id: pulumi.Input[str]
+    aurora_engine_version: str = "16.6"
+    aurora_min_acu: float = 0.0
+    aurora_max_acu: float = 16.0
+    valkey_node_type: str = "cache.t4g.small"
+    valkey_engine_version: str = "8.0"
+    protect_data: bool = True
+    log_expiry_days: int = 90
+    trajectory_ia_days: int = 30
+    trajectory_expiry_days: int = 365
+
+
+class State(pulumi.ComponentResource):
+    def __init__(self, name: str, args: StateArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("evalplane:state:State", name, None, opts)
+        p = args.prefix
+        t = tags(p, "data")
+
+        self.key = aws.kms.Key(
+            f"{name}-key",
+            description=f"{p}: Aurora, Valkey, the artifact bucket and the secrets",
+            enable_key_rotation=True,
+            deletion_window_in_days=30,
+            tags=t,
+            opts=child(self),
+        )
+        aws.kms.Alias(f"{name}-key-alias", name=f"alias/{p}", target_key_id=self.key.key_id, opts=child(self))
+
+        # ---- Aurora PostgreSQL Serverless v2; the master password lives in Secrets Manager (RDS-managed)
+        db_subnets = aws.rds.SubnetGroup(
+            f"{name}-db-subnets", subnet_ids=args.data_subnet_ids, tags=t, opts=child(self)
+        )
+        self.aurora = aws.rds.Cluster(
+            f"{name}-aurora",
+            engine="aurora-postgresql",
+            engine_mode="provisioned",
+            engine_version=args.aurora_engine_version,
+            database_name=p.replace("-", "_"),
+            master_username=p.replace("-", "_"),
+            manage_master_user_password=True,
+            master_user_secret_kms_key_id=self.key.arn,
+            storage_encrypted=True,
+            kms_key_id=self.key.arn,
+            db_subnet_group_name=db_subnets.name,
+            vpc_security_group_ids=[args.aurora_sg_id],
+            serverlessv2_scaling_configuration=aws.rds.ClusterServerlessv2ScalingConfigurationArgs(
+                min_capacity=args.aurora_min_acu,
+                max_capacity=args.aurora_max_acu,
+                seconds_until_auto_pause=3600 if args.aurora_min_acu == 0 else None,
+            ),
+            backup_retention_period=7,
+            copy_tags_to_snapshot=True,
+            deletion_protection=args.protect_data,
+            skip_final_snapshot=not args.protect_data,
+            final_snapshot_identifier=f"{p}-final" if args.protect_data else None,
+            tags=t,
+            opts=child(self),
+        )
+        aws.rds.ClusterInstance(
+            f"{name}-aurora-1",
+            cluster_identifier=self.aurora.id,
+            instance_class="db.serverless",
+            engine=self.aurora.engine,
+            engine_version=self.aurora.engine_version,
+            db_subnet_group_name=db_subnets.name,
+            tags=t,
+            opts=child(self),
+        )
+        self.aurora_secret_arn = self.aurora.master_user_secrets.apply(
+            lambda s: s[0].secret_arn if s else ""
+        )
+
+        # ---- Valkey: primary + replica across AZs, TLS required, encrypted at rest
+        cache_subnets = aws.elasticache.SubnetGroup(
+            f"{name}-valkey-subnets", subnet_ids=args.data_subnet_ids, tags=t, opts=child(self)
+        )
+        self.valkey = aws.elasticache.ReplicationGroup(
+            f"{name}-valkey",
+            description=f"{p} pacer, progress keys and rate counters",
+            engine="valkey",
+            engine_version=args.valkey_engine_version,
+            node_type=args.valkey_node_type,
+            num_cache_clusters=2,
+            automatic_failover_enabled=True,
+            multi_az_enabled=True,
+            port=6379,
+            transit_encryption_enabled=True,
+            transit_encryption_mode="required",
+            at_rest_encryption_enabled=True,
+            kms_key_id=self.key.arn,
+            subnet_group_name=cache_subnets.name,
+            security_group_ids=[args.valkey_sg_id],
+            tags=t,
+            opts=child(self),
+        )
+
+        # ---- the artifact bucket
+        self.bucket = aws.s3.Bucket(f"{name}-artifacts", force_destroy=False, tags=t, opts=child(self))
+        aws.s3.BucketOwnershipControls(
+            f"{name}-artifacts-ownership",
+            bucket=self.bucket.id,
+            rule={"object_ownership": "BucketOwnerEnforced"},
+            opts=child(self),
+        )
+        aws.s3.BucketPublicAccessBlock(
+            f"{name}-artifacts-pab",
+            bucket=self.bucket.id,
+            block_public_acls=True,
+            block_public_policy=True,
+            ignore_public_acls=True,
+            restrict_public_buckets=True,
+            opts=child(self),
+        )
+        aws.s3.BucketVersioning(
+            f"{name}-artifacts-versioning",
+            bucket=self.bucket.id,
+            versioning_configuration={"status": "Enabled"},
+            opts=child(self),
+        )
+        aws.s3.BucketServerSideEncryptionConfiguration(
+            f"{name}-artifacts-sse",
+            bucket=self.bucket.id,
+            rules=[
+                {
+                    "apply_server_side_encryption_by_default": {
+                        "sse_algorithm": "aws:kms",
+                        "kms_master_key_id": self.key.arn,
+                    },
+                    "bucket_key_enabled": True,
+                }
+            ],
+            opts=child(self),
+        )
+        aws.s3.BucketLifecycleConfiguration(
+            f"{name}-artifacts-lifecycle",
+            bucket=self.bucket.id,
+            rules=[
+                {
+                    "id": "logs",
+                    "status": "Enabled",
+                    "filter": {"tag": {"key": KIND_TAG, "value": "log"}},
+                    "expiration": {"days": args.log_expiry_days},
+                },
+                {
+                    "id": "trajectories",
+                    "status": "Enabled",
+                    "filter": {"tag": {"key": KIND_TAG, "value": "trajectory"}},
+                    "transitions": [{"days": args.trajectory_ia_days, "storage_class": "STANDARD_IA"}],
+                    "expiration": {"days": args.trajectory_expiry_days},
+                },
+                {
+                    "id": "housekeeping",
+                    "status": "Enabled",
+                    "filter": {"prefix": ""},
+                    "noncurrent_version_expiration": {"noncurrent_days": 30},
+                    "abort_incomplete_multipart_upload": {"days_after_initiation": 7},
+                },
+            ],
+            opts=child(self),
+        )
+        aws.s3.BucketPolicy(
+            f"{name}-artifacts-tls-only",
+            bucket=self.bucket.id,
+            policy=self.bucket.arn.apply(
+                lambda arn: json.dumps(
+                    {
+                        "Version": "2012-10-17",
+                        "Statement": [
+                            {
+                                "Sid": "DenyInsecureTransport",
+                                "Effect": "Deny",
+                                "Principal": "*",
+                                "Action": "s3:*",
+                                "Resource": [arn, f"{arn}/*"],
+                                "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                            }
+                        ],
+                    }
+                )
+            ),
+            opts=child(self),
+        )
+
+        # ---- ECR: the harness base, the per-instance eval images, and our own images (shim, workers, judge)
+        self.repositories = {
+            r: aws.ecr.Repository(
+                f"{name}-{r}",
+                name=f"{p}/{r}",
+                image_tag_mutability="IMMUTABLE",
+                image_scanning_configuration={"scan_on_push": True},
+                encryption_configurations=[{"encryption_type": "AES256"}],
+                tags=tags(p, "registry"),
+                opts=child(self),
+            )
+            for r in REPOSITORIES
+        }
+
+        self.key_arn = self.key.arn
+        self.bucket_name = self.bucket.bucket
+        self.bucket_arn = self.bucket.arn
+        self.aurora_endpoint = self.aurora.endpoint
+        self.valkey_endpoint = self.valkey.primary_endpoint_address
+        self.valkey_arn = self.valkey.arn
+        self.repo_arns = {k: v.arn for k, v in self.repositories.items()}
+        self.repo_urls = {k: v.repository_url for k, v in self.repositories.items()}
+        self.register_outputs(
+            {
+                "bucket": self.bucket_name,
+                "auroraEndpoint": self.aurora_endpoint,
+                "auroraSecretArn": self.aurora_secret_arn,
+                "valkeyEndpoint": self.valkey_endpoint,
+                "repositoryUrls": self.repo_urls,
+            }
+        )

@@ -1,0 +1,78 @@
+"""Least privilege: no role policy has a '*' action, and Resource '*' only for allow-listed actions."""
+
+from __future__ import annotations
+
+import json
+
+from policy.rules import WILDCARD_ALLOWLIST, iam_violations
+
+
+def _policies(snapshot):
+    return {r.inputs["name"]: json.loads(r.inputs["policy"]) for r in snapshot.of("aws:iam/rolePolicy:RolePolicy")}
+
+
+def test_every_role_has_exactly_one_reviewed_inline_policy(estate_snapshot):
+    roles = estate_snapshot.of("aws:iam/role:Role")
+    policies = estate_snapshot.of("aws:iam/rolePolicy:RolePolicy")
+    assert sorted(p.inputs["role"] for p in policies) == sorted(r.id for r in roles)
+    assert set(_policies(estate_snapshot)) == set(WILDCARD_ALLOWLIST)
+    assert not estate_snapshot.of("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+    assert all(not r.inputs.get("managedPolicyArns") for r in roles)
+
+
+def test_no_wildcard_actions_or_resources_beyond_the_allow_list(estate_snapshot):
+    wildcard_uses: dict[str, set[str]] = {}
+    for name, doc in _policies(estate_snapshot).items():
+        assert iam_violations(name, doc) == [], name
+        for st in doc["Statement"]:
+            actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
+            assert all("*" not in a for a in actions), (name, actions)
+            if st["Resource"] == "*" or "*" in st["Resource"]:
+                wildcard_uses.setdefault(name, set()).update(actions)
+                assert set(actions) <= set(WILDCARD_ALLOWLIST[name]), (name, actions)
+    # the allow-list is exactly what is used: no stale entries that would silently widen a tier
+    assert {k: set(v) for k, v in WILDCARD_ALLOWLIST.items() if v} == wildcard_uses
+    for name, entries in WILDCARD_ALLOWLIST.items():
+        for action, (reason, _cond) in entries.items():
+            assert reason, (name, action)  # every allowance is documented
+
+
+def test_run_scoped_grants(estate_snapshot):
+    p = _policies(estate_snapshot)
+    bucket_arn = "arn:aws:s3:::evalplane-state-artifacts-bucket"
+
+    def resources(name, action):
+        return {r for st in p[name]["Statement"] if action in st["Action"]
+                for r in (st["Resource"] if isinstance(st["Resource"], list) else [st["Resource"]])}
+
+    for role in ("harness-task", "eval-task", "judge-task", "dispatcher"):
+        assert resources(role, "s3:PutObject") == {f"{bucket_arn}/runs/*"}, role
+        assert resources(role, "sqs:SendMessage") == {"arn:aws:sqs:us-east-1:123456789012:evalplane-*"}, role
+    assert resources("harness-task", "elasticache:Connect") == {
+        "arn:aws:elasticache:us-east-1:123456789012:replicationgroup/evalplane-state-valkey-phys"
+    }
+    # dispatcher: RunTask only on our task definition families, PassRole only on the task roles
+    assert resources("dispatcher", "ecs:RunTask") == {
+        "arn:aws:ecs:us-east-1:123456789012:task-definition/evalplane-harness:*",
+        "arn:aws:ecs:us-east-1:123456789012:task-definition/evalplane-judge:*",
+    }
+    pass_roles = resources("dispatcher", "iam:PassRole")
+    assert len(pass_roles) == 4 and all(":role/" in r for r in pass_roles)
+    (st,) = [s for s in p["dispatcher"]["Statement"] if "iam:PassRole" in s["Action"]]
+    assert st["Condition"] == {"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}}
+    assert "ecr:BatchGetImage" in {a for s in p["dispatcher"]["Statement"] for a in s["Action"]}
+
+
+def test_iam_violations_catches_bad_documents():
+    bad_action = {"Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "arn:aws:s3:::b/*"}]}
+    assert iam_violations("harness-task", bad_action)
+    star_resource = {"Statement": [{"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": "*"}]}
+    assert iam_violations("harness-task", star_resource)
+    full_arn_wildcard = {"Statement": [{"Effect": "Allow", "Action": ["sqs:SendMessage"], "Resource": "arn:aws:sqs:*:*:*"}]}
+    assert iam_violations("harness-task", full_arn_wildcard)
+    not_for_this_tier = {"Statement": [{"Effect": "Allow", "Action": ["ecr:GetAuthorizationToken"], "Resource": "*"}]}
+    assert iam_violations("harness-task", not_for_this_tier)
+    assert iam_violations("harness-exec", not_for_this_tier) == []
+    unconditioned = {"Statement": [{"Effect": "Allow", "Action": ["ecs:ListTasks"], "Resource": "*"}]}
+    assert iam_violations("guard", unconditioned)
+    assert iam_violations("unknown-role", {"Statement": []})
