@@ -36,3 +36,11 @@ def pool_limits(pool: str) -> str:
 def pool_discovered(pool: str) -> str:
     """Rate-limit headers the shims saw for a pool (hash: header -> value)."""
     return f"ep:pool:{{{pool}}}:discovered"
+
+
+def pool_state(pool: str) -> str:
+    """The PoolPacer's own state (JSON), so a restarted actor resumes where it was."""
+    return f"ep:pool:{{{pool}}}:state"
+
+
+THROTTLED_FIELD = "throttled_total"  # in pool_discovered: the shims' running count of provider 429s

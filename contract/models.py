@@ -46,6 +46,7 @@ class HarnessOutcome(StrEnum):
     WALL_TIME_EXCEEDED = "wall_time_exceeded"
     HARNESS_ERROR = "harness_error"  # the harness itself failed (format errors, crash)
     INFRA_ERROR = "infra_error"  # our side failed (task died, upstream exhausted)
+    CANCELLED = "cancelled"  # the run was cancelled (or the task stopped from outside) before it ended
 
 
 class AttemptStatus(StrEnum):
@@ -56,6 +57,7 @@ class AttemptStatus(StrEnum):
     RESOLVED = "RESOLVED"
     UNRESOLVED = "UNRESOLVED"
     EVAL_ERROR = "EVAL_ERROR"
+    CANCELLED = "CANCELLED"
 
     @property
     def final(self) -> bool:

@@ -7,11 +7,13 @@ the actors give them a process of their own, a name in the Ray dashboard, and re
 from __future__ import annotations
 
 import threading
+import time
 
 import ray
 import redis
 
 from contract import keys
+from dispatcher.pacing import PacerPolicy, PacerState
 from dispatcher.resources import RunResources
 from dispatcher.writer import ResultsWriter
 
@@ -47,15 +49,42 @@ class ResultsWriterActor:
 
 @ray.remote(max_restarts=-1, max_task_retries=-1)
 class PoolPacer:
-    """Owns one pool's limits: loads them from Valkey on (re)start, mirrors changes back for the shims."""
+    """Owns one pool's limits: reloads its state from Valkey on (re)start, adapts, mirrors to the shims' key.
 
-    def __init__(self, pool: str, valkey_url: str, initial: dict[str, int]):
+    Named `pacer:<pool>` in the `evalplane` namespace (get-if-exists), so two runs on one pool share it.
+    """
+
+    def __init__(self, pool: str, valkey_url: str, spec_limits: dict[str, int | None]):
+        from ray.util.metrics import Gauge
+
         self.pool = pool
+        self.policy = PacerPolicy()
         self.r = redis.Redis.from_url(valkey_url, decode_responses=True)
-        stored = self.r.hgetall(keys.pool_limits(pool))
-        self.limits = {k: int(v) for k, v in stored.items()} or {k: v for k, v in initial.items() if v}
-        if self.limits:
-            self.r.hset(keys.pool_limits(pool), mapping=self.limits)
+        stored = self.r.get(keys.pool_state(pool))
+        self.state = PacerState.model_validate_json(stored) if stored else self.policy.initial(spec_limits)
+        self.gauge = Gauge("evalplane_pool_limit", description="limit the shims pace against",
+                           tag_keys=("pool", "dimension"))
+        self._save()
 
-    def state(self) -> dict:
-        return {"pool": self.pool, "limits": self.limits, "discovered": self.r.hgetall(keys.pool_discovered(self.pool))}
+    def _save(self) -> None:
+        with self.r.pipeline() as p:
+            p.set(keys.pool_state(self.pool), self.state.model_dump_json())
+            p.delete(keys.pool_limits(self.pool))
+            if self.state.limits:
+                p.hset(keys.pool_limits(self.pool), mapping=self.state.limits)
+            p.execute()
+        for dim, value in self.state.limits.items():
+            self.gauge.set(value, tags={"pool": self.pool, "dimension": dim})
+
+    def tick(self) -> dict:
+        """Read what the shims discovered and observed, adapt, publish. Called by the driver every few seconds."""
+        seen = self.r.hgetall(keys.pool_discovered(self.pool))
+        throttled = int(seen.pop(keys.THROTTLED_FIELD, 0) or 0)
+        new = self.policy.tick(self.state, seen, throttled, time.time())
+        if new != self.state:
+            self.state = new
+            self._save()
+        return self.state.model_dump()
+
+    def state_snapshot(self) -> dict:
+        return {"pool": self.pool, **self.state.model_dump()}

@@ -86,6 +86,90 @@ def cmd_report(args, out: Console, err: Console) -> int:
     return _report(plan, args.out, out)
 
 
+def cmd_plan(args, out: Console, err: Console) -> int:
+    """Predicted fleet size, wall time and cost, from the pool's limits and its ledger, before any launch."""
+    import redis
+
+    from contract import keys, pricing
+    from dispatcher.pacing import PacerPolicy
+    from dispatcher.planner import observe, predict
+
+    plan = _plan(args.spec, err)
+    if plan is None:
+        return EXIT_SPEC
+    spec = plan.spec
+    limits = {k: v for k, v in {"rpm": spec.model.rpm, "itpm": spec.model.itpm, "otpm": spec.model.otpm}.items() if v}
+    source = "spec"
+    try:
+        r = redis.Redis.from_url(_valkey_url(), decode_responses=True)
+        stored = r.hgetall(keys.pool_limits(spec.pool))
+        discovered = PacerPolicy().discovered(r.hgetall(keys.pool_discovered(spec.pool)))
+        if stored:
+            limits, source = {k: int(v) for k, v in stored.items()}, "the pool's pacer"
+        elif discovered:
+            limits, source = limits | discovered, "provider headers the shims recorded"
+    except redis.RedisError as e:
+        err.print(f"warning: Valkey not reachable ({e}); using the spec's limits")
+    with db.connect() as conn:
+        db.migrate(conn)
+        obs = observe(conn, spec.pool)
+        done = conn.execute("SELECT count(*) FROM attempts WHERE run = %s", (spec.run.name,)).fetchone()[0]
+    try:
+        price = pricing.price(spec.model.model, spec.model.provider)
+    except pricing.UnknownModel:
+        price = None
+    todo = len(plan.refs) - done
+    p = predict(max(todo, 0), limits, obs, price, spec.backend.concurrency, spec.budget.run_usd)
+    lim = ", ".join(f"{k} {v}" for k, v in limits.items()) or "none known (unpaced)"
+    out.print(f"run {spec.run.name}: {len(plan.refs)} attempt(s) ({len(plan.rows)} instance(s) x {spec.run.attempts}),"
+              f" {done} already landed, {todo} to run", soft_wrap=True)
+    out.print(f"pool {spec.pool}: limits {lim} (from {source}); call shape from the {p.basis}", soft_wrap=True)
+    out.print(f"  per attempt: {obs.calls_per_attempt:.1f} calls, {obs.attempt_minutes:.1f} min; per call:"
+              f" {obs.input_per_call:.0f} input, {obs.cached_per_call:.0f} cached, {obs.output_per_call:.0f} output"
+              f" tokens", soft_wrap=True)
+    if todo <= 0:
+        out.print("nothing left to run")
+        return 0
+    fed = "unbounded" if p.feedable == float("inf") else f"{p.feedable:.0f}"
+    out.print(f"predicted fleet: {p.concurrency} concurrent task(s) (limits can feed {fed};"
+              f" spec allows {spec.backend.concurrency})", soft_wrap=True)
+    out.print(f"predicted wall time: {p.wall_time_s / 60:.1f} min", soft_wrap=True)
+    cost = "unknown (model not in the price table)" if price is None else f"${p.cost_usd:.4f}" + (
+        f" (capped by the run budget ${spec.budget.run_usd})" if p.capped_by_budget else "")
+    out.print(f"predicted cost: {cost}", soft_wrap=True)
+    return 0
+
+
+def cmd_resume(args, out: Console, err: Console) -> int:
+    plan = _plan(args.spec, err)
+    if plan is None:
+        return EXIT_SPEC
+    with db.connect() as conn:
+        db.migrate(conn)
+        row = conn.execute("SELECT status FROM runs WHERE run = %s", (plan.spec.run.name,)).fetchone()
+    if row is None:
+        err.print(f"[bold red]error:[/] no run named {plan.spec.run.name!r} to resume; use `run`")
+        return 1
+    return cmd_run(args, out, err)
+
+
+def cmd_cancel(args, out: Console, err: Console) -> int:
+    """Mark the run cancelled: its driver stops launching, stops running tasks, lands the rest as cancelled."""
+    plan = _plan(args.spec, err)
+    if plan is None:
+        return EXIT_SPEC
+    with db.connect() as conn:
+        db.migrate(conn)
+        cur = conn.execute("UPDATE runs SET status = 'cancelled' WHERE run = %s AND status = 'running'",
+                           (plan.spec.run.name,))
+    if cur.rowcount == 0:
+        err.print(f"no running run named {plan.spec.run.name!r}")
+        return 1
+    out.print(f"run {plan.spec.run.name!r} cancelled; its driver lands the remaining attempts as cancelled"
+              " (run `resume` if no driver is running)")
+    return 0
+
+
 def cmd_status(args, out: Console, err: Console) -> int:
     with db.connect() as conn:
         db.migrate(conn)
@@ -116,6 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("report", help="print the results of a spec's run and write its outputs again")
     p.add_argument("spec")
     p.add_argument("--out")
+    p = sub.add_parser("plan", help="predict fleet size, wall time and cost before launching anything")
+    p.add_argument("spec")
+    p = sub.add_parser("resume", help="resume an unfinished run (after a crash or kill of its driver)")
+    p.add_argument("spec")
+    p.add_argument("--out")
+    p = sub.add_parser("cancel", help="cancel a running run")
+    p.add_argument("spec")
     p = sub.add_parser("status", help="list runs and their progress")
     p.add_argument("run", nargs="?")
     args = ap.parse_args(argv)
@@ -123,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     # The results table wants ~150 columns: use them when stdout is not a terminal (logs, CI, pipes).
     out = Console() if sys.stdout.isatty() else Console(width=160)
     err = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)
-    return {"run": cmd_run, "validate": cmd_validate, "report": cmd_report, "status": cmd_status}[args.cmd](args, out, err)
+    commands = {"run": cmd_run, "validate": cmd_validate, "report": cmd_report, "status": cmd_status,
+                "plan": cmd_plan, "resume": cmd_resume, "cancel": cmd_cancel}
+    return commands[args.cmd](args, out, err)
 
 
 if __name__ == "__main__":

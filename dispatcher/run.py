@@ -39,6 +39,7 @@ from dispatcher.launchers.base import TaskHandle
 from dispatcher.launchers.process import ProcessLauncher, local_task_env
 from dispatcher.local_services import LocalServices
 from dispatcher.plan import Plan, spec_json
+from dispatcher.planner import Planner, observe
 from dispatcher.progress import Progress
 from dispatcher.resources import RunResources
 
@@ -119,14 +120,19 @@ def make_job(plan: Plan, res: RunResources, ref: AttemptRef, upstream_url: str, 
     )
 
 
-def land_infra_error(res: RunResources, plan: Plan, ref: AttemptRef, why: str, started: float) -> None:
-    """A task died without reporting: land its attempt (exactly one row) as an infrastructure error."""
+def land_attempt(res: RunResources, plan: Plan, ref: AttemptRef, outcome: HarnessOutcome, why: str) -> None:
+    """Land an attempt that no task will report on (exactly one row, through the writer like any other)."""
     now = utcnow()
     msg = AttemptResult(
         ref=ref, harness=plan.spec.harness.name, pool=plan.spec.pool, model=plan.spec.model.model,
-        outcome=HarnessOutcome.INFRA_ERROR, started_at=now, ended_at=now, error=why,
+        outcome=outcome, started_at=now, ended_at=now, error=why,
     )
     aws.send(res.results_queue_url, Envelope(msg=msg).model_dump_json())
+
+
+def land_infra_error(res: RunResources, plan: Plan, ref: AttemptRef, why: str) -> None:
+    """A task died without reporting: land its attempt as an infrastructure error."""
+    land_attempt(res, plan, ref, HarnessOutcome.INFRA_ERROR, why)
 
 
 def execute(plan: Plan, valkey_url: str, console=None) -> str:
@@ -168,42 +174,13 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
             res.model_dump(), db.database_url(), aws_env, spec.eval.timeout_s)
         pacer = PoolPacer.options(name=f"pacer:{spec.pool}", namespace="evalplane", get_if_exists=True).remote(
             spec.pool, valkey_url, {"rpm": spec.model.rpm, "itpm": spec.model.itpm, "otpm": spec.model.otpm})
-        ray.get(pacer.state.remote())
+        ray.get(pacer.tick.remote())
 
         launcher = ProcessLauncher(run_dir / "tasks", task_env)
-        running: dict[AttemptRef, Running] = {}
+        loop = DriverLoop(plan, res, conn, valkey, launcher, pacer,
+                          lambda ref: make_job(plan, res, ref, upstream, valkey_url))
         progress = Progress(console, run, len(plan.refs))
-        while True:
-            landed = landed_status(conn, run)
-            final = sum(1 for s in landed.values() if s != "PATCH_READY")
-            progress.update(landed, running)
-            if final == len(plan.refs):
-                break
-            now = time.monotonic()
-            for ref, t in list(running.items()):
-                if (ref.instance_id, ref.attempt) in landed:
-                    if t.exit_code is not None or launcher.poll(t.handle) is not None:
-                        del running[ref]
-                    continue
-                if t.exit_code is None:
-                    t.exit_code = launcher.poll(t.handle)
-                    if t.exit_code is not None:
-                        t.exited_at = now
-                    elif now - t.started > spec.budget.wall_time_s + 120:
-                        launcher.stop(t.handle)  # the task's own wall-time guard failed
-                elif now - t.exited_at > REAP_GRACE_S:
-                    land_infra_error(res, plan, ref, f"task exited with code {t.exit_code} without a result", t.started)
-                    t.exited_at = float("inf")  # sent once; the writer's unique key absorbs any race
-            for ref in plan.refs:
-                if len([t for t in running.values() if t.exit_code is None]) >= spec.backend.concurrency:
-                    break
-                if (ref.instance_id, ref.attempt) in landed or ref in running:
-                    continue
-                if valkey.exists(keys.progress(ref)):
-                    continue  # a task from an earlier dispatcher is still alive: wait for it
-                job = make_job(plan, res, ref, upstream, valkey_url)
-                aws.put_text(res.job_uri(ref), job.model_dump_json())
-                running[ref] = Running(handle=launcher.launch(ref, res.job_uri(ref)), started=now)
+        while not loop.step(progress):
             for w in workers:
                 if w.poll() is not None:
                     raise RuntimeError(f"an eval worker exited with code {w.returncode}; see {run_dir}")
@@ -211,16 +188,113 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
         progress.done()
         ray.get(writer.stop.remote())
         ray.kill(writer)
-        conn.execute("UPDATE runs SET status = 'finished', finished_at = now() WHERE run = %s", (run,))
+        conn.execute("UPDATE runs SET status = CASE WHEN status = 'cancelled' THEN status ELSE 'finished' END,"
+                     " finished_at = now() WHERE run = %s", (run,))
         conn.commit()
         services.stop_all()
         resources.remove_queues(res)
+        remove_run_keys(valkey, run)
         return "finished"
     finally:
         for w in workers:
             if w.poll() is None:
                 w.terminate()
         conn.close()
+
+
+class DriverLoop:
+    """One pass at a time: land-check, reap, cancel, size the fleet, launch. Returns True when all landed."""
+
+    PLAN_EVERY_S = 10.0
+
+    def __init__(self, plan: Plan, res: RunResources, conn, valkey, launcher, pacer, make_job_doc):
+        self.plan, self.res, self.conn, self.valkey = plan, res, conn, valkey
+        self.launcher, self.pacer, self.make_job_doc = launcher, pacer, make_job_doc
+        self.running: dict[AttemptRef, Running] = {}
+        self.planner = Planner(plan.spec.backend.concurrency)
+        self.target = min(4, plan.spec.backend.concurrency)  # then grown by the planner while pacer wait is low
+        self.limits: dict[str, int] = {}
+        self._next_plan = 0.0
+        self.cancel_sent: set[AttemptRef] = set()
+
+    def step(self, progress: Progress | None = None) -> bool:
+        run = self.plan.spec.run.name
+        landed = landed_status(self.conn, run)
+        if progress:
+            progress.update(landed, self.running)
+        if sum(1 for s in landed.values() if s != "PATCH_READY") == len(self.plan.refs):
+            return True
+        now = time.monotonic()
+        self._reap(landed, now)
+        if self._cancelled():
+            self._cancel(landed)
+            return False
+        if now >= self._next_plan:
+            self._resize(landed)
+            self._next_plan = now + self.PLAN_EVERY_S
+        active = sum(1 for t in self.running.values() if t.exit_code is None)
+        for ref in self.plan.refs:
+            if active >= self.target:
+                break
+            if (ref.instance_id, ref.attempt) in landed or ref in self.running:
+                continue
+            if self.valkey.exists(keys.progress(ref)):
+                continue  # a task from an earlier dispatcher is still alive: wait for it
+            aws.put_text(self.res.job_uri(ref), self.make_job_doc(ref).model_dump_json())
+            self.running[ref] = Running(handle=self.launcher.launch(ref, self.res.job_uri(ref)), started=now)
+            active += 1
+        return False
+
+    def _reap(self, landed: dict, now: float) -> None:
+        wall = self.plan.spec.budget.wall_time_s
+        for ref, t in list(self.running.items()):
+            if t.exit_code is None:
+                t.exit_code = self.launcher.poll(t.handle)
+                if t.exit_code is not None:
+                    t.exited_at = now
+                elif now - t.started > wall + 120:
+                    self.launcher.stop(t.handle)  # the task's own wall-time guard failed
+            if (ref.instance_id, ref.attempt) in landed:
+                if t.exit_code is not None:
+                    del self.running[ref]
+            elif t.exit_code is not None and now - t.exited_at > REAP_GRACE_S:
+                land_infra_error(self.res, self.plan, ref, f"task exited with code {t.exit_code} without a result")
+                t.exited_at = float("inf")  # sent once; the writer's unique key absorbs any race
+
+    def _resize(self, landed: dict) -> None:
+        state = ray.get(self.pacer.tick.remote())
+        self.limits = state["limits"]
+        obs = observe(self.conn, self.plan.spec.pool)
+        remaining = len(self.plan.refs) - len(landed)
+        active = sum(1 for t in self.running.values() if t.exit_code is None)
+        self.target = self.planner.target(self.limits, obs, remaining, max(active, self.target))
+
+    def _cancelled(self) -> bool:
+        row = self.conn.execute("SELECT status FROM runs WHERE run = %s", (self.plan.spec.run.name,)).fetchone()
+        self.conn.commit()
+        return row is not None and row[0] == "cancelled"
+
+    def _cancel(self, landed: dict) -> None:
+        """Stop running tasks (they land as cancelled) and land every attempt never launched as cancelled."""
+        for ref, t in self.running.items():
+            if t.exit_code is None and ref not in self.cancel_sent:
+                self.launcher.stop(t.handle)
+                self.cancel_sent.add(ref)
+        for ref in self.plan.refs:
+            if (ref.instance_id, ref.attempt) in landed or ref in self.running or ref in self.cancel_sent:
+                continue
+            if self.valkey.exists(keys.progress(ref)):
+                continue  # an earlier dispatcher's task: it lands its own row
+            land_attempt(self.res, self.plan, ref, HarnessOutcome.CANCELLED, "run cancelled before launch")
+            self.cancel_sent.add(ref)
+
+
+def remove_run_keys(valkey, run: str) -> int:
+    """The run's Valkey keys (progress, budgets) go with the run; pool keys stay (pools outlive runs)."""
+    n = 0
+    for key in valkey.scan_iter(match=f"ep:run:{{{run}}}:*", count=1000):
+        n += valkey.delete(key)
+    return n
 
 
 def ray_init(dashboard: bool, aws_env: dict[str, str]) -> None:

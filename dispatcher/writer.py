@@ -23,6 +23,7 @@ from contract.models import (
     Envelope,
     EvalJob,
     EvalOutcome,
+    HarnessOutcome,
     Job,
     LedgerBatch,
     Verdict,
@@ -87,7 +88,10 @@ class ResultsWriter:
         return ready
 
     def _land_attempt(self, cur, r: AttemptResult) -> bool:
-        status = AttemptStatus.PATCH_READY if r.patch_bytes > 0 else AttemptStatus.EMPTY_PATCH
+        if r.outcome is HarnessOutcome.CANCELLED:
+            status = AttemptStatus.CANCELLED  # never graded
+        else:
+            status = AttemptStatus.PATCH_READY if r.patch_bytes > 0 else AttemptStatus.EMPTY_PATCH
         cur.execute(
             """INSERT INTO attempts (run, instance_id, attempt, harness, pool, model, outcome, status, patch_uri,
                    patch_bytes, trajectory_uri, calls, input_tokens, cached_tokens, cache_write_tokens, output_tokens,

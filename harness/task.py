@@ -142,6 +142,17 @@ class Heartbeat:
         self.r.expire(self.key, 30)
 
 
+def end_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
 def run_harness(job: Job, testbed: Path, workdir: Path, shim: Shim) -> HarnessOutcome:
     adapter = ADAPTERS[job.harness.name]()
     hr = adapter.prepare(job, testbed, workdir, shim.url, shim.token)
@@ -151,18 +162,16 @@ def run_harness(job: Job, testbed: Path, workdir: Path, shim: Shim) -> HarnessOu
         proc = subprocess.Popen(hr.argv, env=hr.env, cwd=testbed, stdout=logf, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         stopped, timed_out = None, False
-        while proc.poll() is None:
-            time.sleep(0.5)
-            stopped = shim.status().get("stopped")
-            timed_out = time.monotonic() > deadline
-            if stopped or timed_out:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                break
+        try:
+            while proc.poll() is None:
+                time.sleep(0.5)
+                stopped = shim.status().get("stopped")
+                timed_out = time.monotonic() > deadline
+                if stopped or timed_out:
+                    break
+        finally:  # on a cap, the wall-time limit, or our own SIGTERM: the harness's whole group goes
+            if proc.poll() is None:
+                end_group(proc)
         stopped = stopped or shim.status().get("stopped")
     if stopped:
         return HarnessOutcome(stopped)
@@ -171,7 +180,16 @@ def run_harness(job: Job, testbed: Path, workdir: Path, shim: Shim) -> HarnessOu
     return adapter.outcome(hr, proc.returncode)
 
 
+class Stopped(Exception):
+    """SIGTERM from outside (cancel, or the dispatcher's wall-time guard): land the attempt as cancelled."""
+
+
+def _on_sigterm(signum, frame):
+    raise Stopped()
+
+
 def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGTERM, _on_sigterm)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s task %(levelname)s %(message)s")
     if len(argv) != 1:
         print("usage: python -m harness <job-uri>", file=sys.stderr)
@@ -192,6 +210,9 @@ def main(argv: list[str]) -> int:
         heartbeat.beat("harness")
         outcome = run_harness(job, testbed, workdir, shim)
         patch = take_patch(testbed, job.instance["base_commit"])
+    except Stopped:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish landing the row
+        outcome, error = HarnessOutcome.CANCELLED, "stopped by SIGTERM"
     except Exception as e:  # still land a row: the attempt failed on our side
         log.exception("task failed")
         error = f"{type(e).__name__}: {e}"
