@@ -204,6 +204,7 @@ def main(argv: list[str]) -> int:
     outcome, error, patch, shim_status, shim = HarnessOutcome.INFRA_ERROR, None, "", {}, None
     key = os.environ.pop(UPSTREAM_KEY_ENV, "")
     heartbeat = Heartbeat(job)
+    log.info("task started for %s (pid %d)", ref.slug, os.getpid())
     try:
         checkout(job, testbed)
         shim = Shim(job, workdir, key)

@@ -105,27 +105,54 @@ def test_demo_run_end_to_end_and_rerun_reports(tmp_path, env, database_url, uniq
     assert counts(database_url, unique) == got
 
 
-def test_kill_and_resume_lands_every_attempt_once(tmp_path, env, database_url, unique):
+def _job_documents_written(env, run) -> int:
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    try:
+        return s3.list_objects_v2(Bucket="evalplane-local", Prefix=f"runs/{run}/jobs/").get("KeyCount", 0)
+    except s3.exceptions.NoSuchBucket:
+        return 0
+
+
+KILL_POINTS = {
+    # during launch: job documents exist, no attempt has landed yet
+    "launch": lambda env, db_url, run: _job_documents_written(env, run) >= 1,
+    # during harness tasks: some attempts landed, others still running
+    "harness": lambda env, db_url, run: len(counts(db_url, run)["status"]) >= 1,
+    # during grading: a patch is waiting for (or in) the grader
+    "grading": lambda env, db_url, run: "PATCH_READY" in counts(db_url, run)["status"].values(),
+}
+
+
+@pytest.mark.parametrize("point", list(KILL_POINTS))
+def test_kill_9_and_resume_lands_every_attempt_once(tmp_path, env, database_url, unique, point):
     spec = write_spec(tmp_path, unique, concurrency=1)
     proc = subprocess.Popen([sys.executable, "-m", "dispatcher", "run", str(spec)], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        if len(counts(database_url, unique)["status"]) >= 1:
-            break
-        time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver, its Ray workers, its task and its eval worker
+    while time.monotonic() < deadline and not KILL_POINTS[point](env, database_url, unique):
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run ended before the kill point"
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and its Ray workers; its tasks and services live on
     proc.wait()
     before = counts(database_url, unique)
-    assert 1 <= len(before["status"]) < len(demo_expectation())
+    assert len(before["status"]) < len(demo_expectation())
 
-    p = dispatcher(env, "run", str(spec), "--out", str(tmp_path / "out"))
+    p = dispatcher(env, "resume", str(spec), "--out", str(tmp_path / "out"))
     assert p.returncode == 0, p.stderr[-4000:]
     after = counts(database_url, unique)
-    assert after["status"] == demo_expectation()
-    assert after["calls"][0] == after["calls"][1]
-    for iid, n_calls, *_ , attempt_calls in after["per_attempt"]:
-        assert n_calls == attempt_calls, iid  # no ledger row lost or duplicated
+    assert after["status"] == demo_expectation()  # every attempt exactly one row, with the right outcome
+    assert after["calls"][0] == after["calls"][1]  # no ledger row duplicated
+    for iid, n_calls, *_, attempt_calls in after["per_attempt"]:
+        assert n_calls == attempt_calls, iid  # ... or lost
+    assert after["phases"]["harness"] == len(demo_expectation())
+    # No attempt was launched twice: one task start per attempt across both drivers.
+    starts = {}
+    for log in (Path(env["EVALPLANE_STATE_DIR"]) / "runs" / unique / "tasks").glob("*.task.log"):
+        starts[log.name] = log.read_text().count("task started for")
+    assert starts and all(n == 1 for n in starts.values()), starts
+    assert len(starts) == len(demo_expectation())
 
 
 def test_different_spec_under_same_run_name_is_refused(tmp_path, env, database_url, unique):

@@ -1,0 +1,108 @@
+"""One container per attempt on a local Docker engine, on an internal network whose only way out is the egress.
+
+The container gets the job reference as its only argument. Its environment carries endpoints (rewritten to
+the egress) and the provider key, which the task hands to its shim alone. Containers are labelled with
+run, instance and attempt, so a resumed dispatcher finds the ones still running (`find_running`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Sequence
+
+import docker
+import docker.errors
+
+from contract.models import AttemptRef
+from dispatcher.launchers.base import TaskHandle
+from dispatcher.launchers.egress import Egress
+
+L_ROLE, L_RUN, L_INSTANCE, L_ATTEMPT = "evalplane.role", "evalplane.run", "evalplane.instance", "evalplane.attempt"
+DEFAULT_IMAGE = "evalplane/harness:dev"
+
+
+def container_name(ref: AttemptRef) -> str:
+    """One name per attempt: Docker itself then refuses a second container for the same attempt."""
+    return re.sub(r"[^a-zA-Z0-9_.-]", "_", f"ep-{ref.run}-{ref.instance_id}-{ref.attempt}")
+
+
+class DockerLauncher:
+    def __init__(self, env: dict[str, str], allowed: Sequence[str], *, image: str = DEFAULT_IMAGE,
+                 network: str = "evalplane-tasks", log_dir: Path | None = None, mounts: Sequence[str] = (),
+                 mem_limit: str | None = "4g", nano_cpus: int | None = None,
+                 client: docker.DockerClient | None = None):
+        """allowed: the endpoints tasks may reach (URLs or host:port): the upstream gateway, the S3/SQS
+        endpoint, Valkey. env values that name an allowed endpoint are rewritten to its egress address.
+        mounts: host paths bind-mounted read-only at the same path (local repository bundles)."""
+        self.client = client or docker.from_env()
+        self.image = image
+        self.log_dir = log_dir
+        self.mounts = list(mounts)
+        self.mem_limit, self.nano_cpus = mem_limit, nano_cpus
+        self.egress = Egress(self.client, network, list(allowed), image).up()
+        self.env = {k: self._rewrite(v) for k, v in env.items()}
+        self._exited: dict[str, int] = {}
+
+    def task_url(self, url: str) -> str:
+        """The URL a task must use for an allowed endpoint (write this into job documents)."""
+        return self.egress.url(url)
+
+    def _rewrite(self, value: str) -> str:
+        return self.egress.url(value) if self.egress.allows(value) else value
+
+    def launch(self, ref: AttemptRef, job_uri: str) -> TaskHandle:
+        name = container_name(ref)
+        try:
+            old = self.client.containers.get(name)
+            if old.status in ("created", "running", "restarting"):
+                return TaskHandle(ref=ref, task_id=old.id)  # never two tasks for one attempt
+            old.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        c = self.client.containers.run(
+            self.image, [job_uri], name=name, detach=True, network=self.egress.name, environment=self.env,
+            labels={L_ROLE: "task", L_RUN: ref.run, L_INSTANCE: ref.instance_id, L_ATTEMPT: str(ref.attempt)},
+            volumes={p: {"bind": p, "mode": "ro"} for p in self.mounts},
+            mem_limit=self.mem_limit, nano_cpus=self.nano_cpus, init=True,
+        )
+        return TaskHandle(ref=ref, task_id=c.id)
+
+    def poll(self, handle: TaskHandle) -> int | None:
+        """None while running; the exit code once exited (the container is then logged and removed)."""
+        if handle.task_id in self._exited:
+            return self._exited[handle.task_id]
+        try:
+            c = self.client.containers.get(handle.task_id)
+        except docker.errors.NotFound:
+            self._exited[handle.task_id] = -1  # gone under us (removed by hand or by an earlier dispatcher)
+            return -1
+        if c.status not in ("exited", "dead"):
+            return None
+        code = int(c.attrs["State"]["ExitCode"])
+        if self.log_dir is not None:
+            log = self.log_dir / f"{handle.ref.instance_id}.{handle.ref.attempt}.task.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_bytes(c.logs(stdout=True, stderr=True))
+        c.remove(force=True)
+        self._exited[handle.task_id] = code
+        return code
+
+    def stop(self, handle: TaskHandle) -> None:
+        try:
+            self.client.containers.get(handle.task_id).stop(timeout=10)
+        except docker.errors.NotFound:
+            pass
+
+    def find_running(self, run: str) -> list[TaskHandle]:
+        """The run's task containers still alive (after a dispatcher restart)."""
+        found = self.client.containers.list(filters={"label": [f"{L_ROLE}=task", f"{L_RUN}={run}"]})
+        return [TaskHandle(ref=AttemptRef(run=run, instance_id=c.labels[L_INSTANCE], attempt=int(c.labels[L_ATTEMPT])),
+                           task_id=c.id) for c in found]
+
+    def close(self, remove_network: bool = False) -> None:
+        """Stop the host relays; with remove_network, also the egress and the network (no task may be left)."""
+        if remove_network:
+            self.egress.down()
+        else:
+            self.egress.stop_relays()

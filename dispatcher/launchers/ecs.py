@@ -1,0 +1,283 @@
+"""ECS RunTask: a Fargate task per harness attempt (awsvpc, no public IP), EC2-placed eval workers.
+
+Batching: RunTask's `count` (at most 10) starts copies that share one `overrides`, and each attempt must
+get its own job reference, so an attempt is one RunTask call with count=1; throughput comes from calling
+concurrently (`launch_many`) under throttling backoff. Eval workers are interchangeable, so they do go 10 a
+call. Placement failures (`failures`, or fewer tasks than asked) are not lost: the attempt's handle stays
+pending and is retried later (`retry_pending`, or on `poll`), the eval deficit likewise.
+
+Overrides carry only the job reference: the provider key comes from the task definition's Secrets Manager
+secret. Tags and startedBy name run and attempt, so `find_running` rebuilds handles after a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Callable
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from contract.models import AttemptRef
+from dispatcher.launchers.base import TaskHandle
+from dispatcher.launchers.stack_outputs import StackOutputs
+
+log = logging.getLogger("evalplane.launchers.ecs")
+
+PENDING = "pending"  # task_id of a handle whose attempt is not placed yet
+MAX_COUNT = 10  # RunTask's limit of tasks per call
+DESCRIBE_BATCH = 100  # DescribeTasks' limit of tasks per call
+THROTTLE_CODES = {"ThrottlingException", "Throttling", "TooManyRequestsException", "RequestLimitExceeded",
+                  "ServerException"}
+T_RUN, T_INSTANCE, T_ATTEMPT, T_ROLE = "evalplane:run", "evalplane:instance", "evalplane:attempt", "evalplane:role"
+
+
+@dataclass(frozen=True)
+class EcsTarget:
+    """Where and how one kind of task runs."""
+
+    cluster: str
+    task_definition: str
+    container: str  # the container whose command carries the job reference
+    launch_type: str = "FARGATE"
+    subnets: tuple[str, ...] = ()
+    security_groups: tuple[str, ...] = ()
+
+    def network(self) -> dict[str, Any]:
+        if not self.subnets:
+            return {}
+        return {"networkConfiguration": {"awsvpcConfiguration": {
+            "subnets": list(self.subnets), "securityGroups": list(self.security_groups),
+            "assignPublicIp": "DISABLED"}}}
+
+
+def started_by(run: str) -> str:
+    """startedBy allows 128 of [A-Za-z0-9_/-]."""
+    return ("evalplane/" + re.sub(r"[^A-Za-z0-9_/-]", "-", run))[:128]
+
+
+def exit_code(task: dict, container: str) -> int | None:
+    """None until STOPPED; then the container's exit code, or -1 if it never produced one."""
+    if task.get("lastStatus") != "STOPPED":
+        return None
+    for c in task.get("containers", []):
+        if c.get("name") == container and c.get("exitCode") is not None:
+            return int(c["exitCode"])
+    return -1
+
+
+@dataclass
+class _Pending:
+    handle: TaskHandle
+    job_uri: str
+    next_try: float
+    tries: int = 0
+
+
+@dataclass
+class _EvalDeficit:
+    count: int = 0
+    next_try: float = 0.0
+    tries: int = field(default=0)
+
+
+class EcsLauncher:
+    def __init__(self, harness: EcsTarget, eval_workers: EcsTarget | None = None, *, client=None,
+                 region: str | None = None, deadline_tag: str | None = None, deadline: datetime | None = None,
+                 poll_interval_s: float = 5.0, retry_interval_s: float = 15.0, backoff_base_s: float = 0.5,
+                 max_throttle_tries: int = 10, launch_workers: int = 8, sleep: Callable[[float], None] = time.sleep):
+        self.harness, self.eval = harness, eval_workers
+        self.ecs = client or boto3.client("ecs", region_name=region, config=Config(
+            retries={"mode": "adaptive", "max_attempts": 5}, max_pool_connections=max(10, launch_workers * 2)))
+        self.deadline_tag, self.deadline = deadline_tag, deadline
+        self.poll_interval_s, self.retry_interval_s = poll_interval_s, retry_interval_s
+        self.backoff_base_s, self.max_throttle_tries = backoff_base_s, max_throttle_tries
+        self.launch_workers = launch_workers
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._pending: dict[AttemptRef, _Pending] = {}
+        self._live: set[str] = set()  # task ARNs not yet seen STOPPED
+        self._codes: dict[str, int] = {}  # ARN -> exit code, once STOPPED
+        self._cancelled: set[AttemptRef] = set()
+        self._refreshed = 0.0
+        self.eval_deficit = _EvalDeficit()
+
+    @classmethod
+    def from_stack_outputs(cls, out: StackOutputs, **kw) -> "EcsLauncher":
+        harness = EcsTarget(out.cluster_arn, out.harness_task_definition_arn, "harness", "FARGATE",
+                            tuple(out.harness_subnet_ids), (out.harness_security_group_id,))
+        eval_workers = EcsTarget(out.eval_cluster_arn, out.eval_task_definition_arn, "eval-worker", "EC2")
+        kw.setdefault("region", out.region)
+        return cls(harness, eval_workers, deadline_tag=out.deadline_tag, **kw)
+
+    def task_url(self, url: str) -> str:
+        """In the VPC, endpoints are reachable as they are."""
+        return url
+
+    # ------------------------------------------------------------------ API calls
+    def _call(self, op: str, **kw) -> dict:
+        """One ECS call, backing off (full jitter) on throttling that outlived botocore's own retries."""
+        for i in range(self.max_throttle_tries):
+            try:
+                return getattr(self.ecs, op)(**kw)
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") not in THROTTLE_CODES or i == self.max_throttle_tries - 1:
+                    raise
+                delay = random.uniform(0, min(20.0, self.backoff_base_s * 2 ** i))
+                log.warning("ecs %s throttled (%s); retrying in %.2fs", op, e.response["Error"]["Code"], delay)
+                self._sleep(delay)
+        raise AssertionError("unreachable")
+
+    def _tags(self, role: str, ref: AttemptRef | None = None, run: str | None = None) -> list[dict]:
+        tags = {T_ROLE: role}
+        if ref is not None:
+            tags |= {T_RUN: ref.run, T_INSTANCE: ref.instance_id, T_ATTEMPT: str(ref.attempt)}
+        elif run:
+            tags[T_RUN] = run
+        if self.deadline_tag and self.deadline:
+            tags[self.deadline_tag] = self.deadline.strftime("%Y-%m-%dT%H:%M:%SZ")
+        return [{"key": k, "value": v} for k, v in tags.items()]
+
+    # ------------------------------------------------------------------ harness attempts
+    def launch(self, ref: AttemptRef, job_uri: str) -> TaskHandle:
+        """Start the attempt's task; if it cannot be placed now, a pending handle that is retried later."""
+        handle = TaskHandle(ref=ref, task_id=PENDING)
+        self._try(_Pending(handle, job_uri, 0.0))
+        return handle
+
+    def launch_many(self, items: list[tuple[AttemptRef, str]]) -> list[TaskHandle]:
+        """launch() for many attempts, concurrently (one RunTask each: overrides are per call)."""
+        with ThreadPoolExecutor(self.launch_workers) as pool:
+            return list(pool.map(lambda it: self.launch(*it), items))
+
+    def _try(self, p: _Pending) -> bool:
+        ref = p.handle.ref
+        resp = self._call(
+            "run_task", cluster=self.harness.cluster, taskDefinition=self.harness.task_definition, count=1,
+            launchType=self.harness.launch_type, startedBy=started_by(ref.run), group=f"evalplane:{ref.run}"[:255],
+            overrides={"containerOverrides": [{"name": self.harness.container, "command": [p.job_uri]}]},
+            tags=self._tags("harness", ref), **self.harness.network(),
+        )
+        tasks = resp.get("tasks", [])
+        with self._lock:
+            if tasks:
+                p.handle.task_id = tasks[0]["taskArn"]
+                self._live.add(p.handle.task_id)
+                self._pending.pop(ref, None)
+                return True
+            p.tries += 1
+            p.next_try = time.monotonic() + min(300.0, self.retry_interval_s * 2 ** min(p.tries - 1, 5))
+            self._pending[ref] = p
+        log.info("attempt %s not placed (%s); retrying later", ref.slug,
+                 "; ".join(f.get("reason", "?") for f in resp.get("failures", [])) or "no capacity")
+        return False
+
+    def retry_pending(self, force: bool = False) -> int:
+        """Retry the attempts (and eval workers) that could not be placed and are due. Returns tasks placed."""
+        now = time.monotonic()
+        with self._lock:
+            due = [p for p in self._pending.values() if force or p.next_try <= now]
+        placed = sum(1 for p in due if p.handle.ref not in self._cancelled and self._try(p))
+        if self.eval_deficit.count and (force or self.eval_deficit.next_try <= now):
+            n = self.eval_deficit.count
+            self.eval_deficit.count = 0
+            placed += len(self.launch_eval_workers(n))
+        return placed
+
+    @property
+    def pending(self) -> list[TaskHandle]:
+        with self._lock:
+            return [p.handle for p in self._pending.values()]
+
+    def poll(self, handle: TaskHandle) -> int | None:
+        if handle.ref in self._cancelled and handle.task_id == PENDING:
+            return -1
+        if handle.task_id == PENDING:
+            p = self._pending.get(handle.ref)
+            if p is not None and p.next_try <= time.monotonic():
+                self._try(p)
+            return None
+        if handle.task_id not in self._codes:
+            self._live.add(handle.task_id)
+            if time.monotonic() - self._refreshed >= self.poll_interval_s:
+                self.refresh()
+        return self._codes.get(handle.task_id)
+
+    def refresh(self) -> None:
+        """DescribeTasks for every live task, 100 a call: the poll answers come from here."""
+        self._refreshed = time.monotonic()
+        live = sorted(self._live)
+        for i in range(0, len(live), DESCRIBE_BATCH):
+            resp = self._call("describe_tasks", cluster=self.harness.cluster, tasks=live[i:i + DESCRIBE_BATCH])
+            for t in resp.get("tasks", []):
+                code = exit_code(t, self.harness.container)
+                if code is not None:
+                    self._codes[t["taskArn"]] = code
+                    self._live.discard(t["taskArn"])
+            for f in resp.get("failures", []):  # MISSING: the task is gone (long stopped)
+                if f.get("arn") in self._live and f.get("reason") == "MISSING":
+                    self._codes[f["arn"]] = -1
+                    self._live.discard(f["arn"])
+
+    def stop(self, handle: TaskHandle) -> None:
+        if handle.task_id == PENDING:
+            with self._lock:
+                self._pending.pop(handle.ref, None)
+                self._cancelled.add(handle.ref)
+            return
+        self._call("stop_task", cluster=self.harness.cluster, task=handle.task_id, reason="evalplane: stopped")
+        self._refreshed = 0.0
+
+    def find_running(self, run: str) -> list[TaskHandle]:
+        """The run's tasks that are not stopped, from startedBy and the attempt tags."""
+        arns: list[str] = []
+        for status in ("RUNNING", "PENDING"):
+            kw: dict[str, Any] = {"cluster": self.harness.cluster, "startedBy": started_by(run), "desiredStatus": status}
+            while True:
+                resp = self._call("list_tasks", **kw)
+                arns += resp.get("taskArns", [])
+                if not resp.get("nextToken"):
+                    break
+                kw["nextToken"] = resp["nextToken"]
+        handles = []
+        for i in range(0, len(arns), DESCRIBE_BATCH):
+            resp = self._call("describe_tasks", cluster=self.harness.cluster, tasks=arns[i:i + DESCRIBE_BATCH],
+                              include=["TAGS"])
+            for t in resp.get("tasks", []):
+                tags = {x["key"]: x["value"] for x in t.get("tags", [])}
+                if tags.get(T_RUN) != run or T_INSTANCE not in tags or t.get("lastStatus") == "STOPPED":
+                    continue
+                self._live.add(t["taskArn"])
+                ref = AttemptRef(run=run, instance_id=tags[T_INSTANCE], attempt=int(tags[T_ATTEMPT]))
+                handles.append(TaskHandle(ref=ref, task_id=t["taskArn"]))
+        return handles
+
+    # ------------------------------------------------------------------ eval workers
+    def launch_eval_workers(self, n: int, run: str | None = None) -> list[str]:
+        """n eval workers on the EC2 eval cluster, 10 a RunTask; those not placed are retried later."""
+        if self.eval is None:
+            raise RuntimeError("no eval target configured")
+        arns: list[str] = []
+        for k in [MAX_COUNT] * (n // MAX_COUNT) + ([n % MAX_COUNT] if n % MAX_COUNT else []):
+            resp = self._call("run_task", cluster=self.eval.cluster, taskDefinition=self.eval.task_definition,
+                              count=k, launchType=self.eval.launch_type, startedBy="evalplane/eval-worker",
+                              tags=self._tags("eval-worker", run=run), **self.eval.network())
+            got = [t["taskArn"] for t in resp.get("tasks", [])]
+            arns += got
+            if len(got) < k:
+                self.eval_deficit.count += k - len(got)
+        if len(arns) < n:
+            self.eval_deficit.tries += 1
+            self.eval_deficit.next_try = time.monotonic() + self.retry_interval_s
+            log.info("%d of %d eval workers placed; the rest are retried later", len(arns), n)
+        else:
+            self.eval_deficit.tries = 0
+        return arns

@@ -1,0 +1,135 @@
+"""Dollar caps as holds: reserve a call's worst-case cost against the attempt and run caps atomically
+before it goes upstream, settle to the actual cost after. Amounts are integer micro-dollars.
+
+Valkey layout (all keys share the run's hash tag, so one script touches one shard):
+  contract.keys.attempt_budget(ref) / run_budget(run): hash {spent, held, cap, hold:<call_id> -> amount}
+  <same key>:exp: zset call_id -> hold deadline (ms); expired holds are swept by the next hold.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Protocol
+
+from contract import keys
+from contract.models import AttemptRef
+
+KEY_TTL_S = 14 * 24 * 3600
+
+HOLD_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function sweep(h, z)
+  local expired = redis.call('ZRANGEBYSCORE', z, '-inf', now)
+  for _, id in ipairs(expired) do
+    local amt = redis.call('HGET', h, 'hold:' .. id)
+    if amt then
+      redis.call('HINCRBY', h, 'held', -tonumber(amt))
+      redis.call('HDEL', h, 'hold:' .. id)
+    end
+    redis.call('ZREM', z, id)
+  end
+end
+sweep(KEYS[1], KEYS[2])
+sweep(KEYS[3], KEYS[4])
+local est = tonumber(ARGV[2])
+local acap = tonumber(ARGV[3])
+local rcap = tonumber(ARGV[4])
+local a = redis.call('HMGET', KEYS[1], 'spent', 'held')
+local r = redis.call('HMGET', KEYS[3], 'spent', 'held')
+local as, ah = tonumber(a[1] or '0'), tonumber(a[2] or '0')
+local rs, rh = tonumber(r[1] or '0'), tonumber(r[2] or '0')
+if acap >= 0 and as + ah + est > acap then return {0, 1} end
+if rcap >= 0 and rs + rh + est > rcap then return {0, 2} end
+local deadline = now + tonumber(ARGV[5])
+local hs = {KEYS[1], KEYS[3]}
+for i = 1, 2 do
+  redis.call('HINCRBY', hs[i], 'held', est)
+  redis.call('HSET', hs[i], 'hold:' .. ARGV[1], est)
+  redis.call('ZADD', KEYS[2 * i], deadline, ARGV[1])
+  redis.call('EXPIRE', hs[i], ARGV[6])
+  redis.call('EXPIRE', KEYS[2 * i], ARGV[6])
+end
+if acap >= 0 then redis.call('HSET', KEYS[1], 'cap', acap) end
+if rcap >= 0 then redis.call('HSET', KEYS[3], 'cap', rcap) end
+return {1, 0}
+"""
+
+SETTLE_LUA = """
+local hs = {KEYS[1], KEYS[3]}
+local out = {}
+for i = 1, 2 do
+  local amt = redis.call('HGET', hs[i], 'hold:' .. ARGV[1])
+  if amt then
+    redis.call('HINCRBY', hs[i], 'held', -tonumber(amt))
+    redis.call('HDEL', hs[i], 'hold:' .. ARGV[1])
+  end
+  redis.call('ZREM', KEYS[2 * i], ARGV[1])
+  out[i] = redis.call('HINCRBY', hs[i], 'spent', tonumber(ARGV[2]))
+end
+return out
+"""
+
+ATTEMPT_CAP, RUN_CAP = 1, 2
+
+
+def micro(usd: float) -> int:
+    """USD -> integer micro-dollars, rounded up (what we hold or charge is never below the truth)."""
+    return math.ceil(round(usd * 1_000_000, 6))
+
+
+def cap_micro(usd: float | None) -> int:
+    return -1 if usd is None else math.floor(round(usd * 1_000_000, 6))
+
+
+class Budget(Protocol):
+    async def hold(self, call_id: str, est_micro: int) -> int:
+        """0 if held, else which cap refused it (ATTEMPT_CAP or RUN_CAP)."""
+
+    async def settle(self, call_id: str, actual_micro: int) -> None: ...
+
+
+class ValkeyBudget:
+    def __init__(self, redis, ref: AttemptRef, attempt_cap_usd: float | None, run_cap_usd: float | None,
+                 hold_ttl_s: float):
+        a, r = keys.attempt_budget(ref), keys.run_budget(ref.run)
+        self.keys = [a, a + ":exp", r, r + ":exp"]
+        self.acap, self.rcap = cap_micro(attempt_cap_usd), cap_micro(run_cap_usd)
+        self.ttl_ms = int(hold_ttl_s * 1000)
+        self._hold = redis.register_script(HOLD_LUA)
+        self._settle = redis.register_script(SETTLE_LUA)
+
+    async def hold(self, call_id: str, est_micro: int) -> int:
+        ok, which = await self._hold(
+            keys=self.keys, args=[call_id, est_micro, self.acap, self.rcap, self.ttl_ms, KEY_TTL_S]
+        )
+        return 0 if int(ok) == 1 else int(which)
+
+    async def settle(self, call_id: str, actual_micro: int) -> None:
+        await self._settle(keys=self.keys, args=[call_id, actual_micro])
+
+
+class LocalBudget:
+    """Same semantics in process (no Valkey configured): the run cap then only covers this attempt."""
+
+    def __init__(self, attempt_cap_usd: float | None, run_cap_usd: float | None, hold_ttl_s: float):
+        self.acap, self.rcap = cap_micro(attempt_cap_usd), cap_micro(run_cap_usd)
+        self.ttl_s = hold_ttl_s
+        self.spent = 0
+        self.holds: dict[str, tuple[int, float]] = {}
+
+    async def hold(self, call_id: str, est_micro: int) -> int:
+        now = time.monotonic()
+        self.holds = {k: v for k, v in self.holds.items() if v[1] > now}
+        total = self.spent + sum(v[0] for v in self.holds.values()) + est_micro
+        if self.acap >= 0 and total > self.acap:
+            return ATTEMPT_CAP
+        if self.rcap >= 0 and total > self.rcap:
+            return RUN_CAP
+        self.holds[call_id] = (est_micro, now + self.ttl_s)
+        return 0
+
+    async def settle(self, call_id: str, actual_micro: int) -> None:
+        self.holds.pop(call_id, None)
+        self.spent += actual_micro

@@ -1,0 +1,150 @@
+"""The ledger: one CallRecord per call, appended to a local JSONL file (flushed per call) and shipped to
+the results queue as LedgerBatch envelopes. A row leaves `pending` only once its batch was accepted."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from contract.models import AttemptRef, CallRecord, Envelope, LedgerBatch, Totals
+
+log = logging.getLogger("shim.ledger")
+
+MAX_MESSAGE_BYTES = 240_000  # SQS allows 256 KiB; keep a margin
+
+
+def _default_sender(queue_url: str, body: str) -> None:
+    from contract import aws
+
+    aws.send(queue_url, body)
+
+
+class Ledger:
+    def __init__(
+        self,
+        path: Path,
+        ref: AttemptRef,
+        queue_url: str | None = None,
+        batch_size: int = 25,
+        interval_s: float = 2.0,
+        sender: Callable[[str, str], None] | None = None,
+    ):
+        self.path = Path(path)
+        self.ref = ref
+        self.queue_url = queue_url
+        self.batch_size = batch_size
+        self.interval_s = interval_s
+        self.sender = sender or _default_sender
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.seq = self._existing_rows()  # a restarted shim continues the numbering
+        self._file = open(self.path, "a", encoding="utf-8")
+        self.rows = 0  # rows written by this process
+        self.sent = 0  # rows accepted by the queue
+        self.pending: list[CallRecord] = []
+        self.totals = Totals()
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._failures = 0
+        self._stopping = False
+
+    def _existing_rows(self) -> int:
+        try:
+            with open(self.path, "rb") as f:
+                return sum(1 for line in f if line.strip())
+        except FileNotFoundError:
+            return 0
+
+    # ------------------------------------------------------------ writing
+
+    def append(self, row: CallRecord) -> CallRecord:
+        """Number the row, write it durably, queue it for sending."""
+        self.seq += 1
+        row.seq = self.seq
+        self._file.write(row.model_dump_json() + "\n")
+        self._file.flush()
+        self.rows += 1
+        t = self.totals
+        t.calls += 1
+        t.input_tokens += row.input_tokens
+        t.cached_tokens += row.cached_tokens
+        t.cache_write_tokens += row.cache_write_tokens
+        t.output_tokens += row.output_tokens
+        t.cost_usd = round(t.cost_usd + row.cost_usd, 9)
+        if self.queue_url:
+            self.pending.append(row)
+            if len(self.pending) >= self.batch_size:
+                self._wake.set()
+        return row
+
+    # ------------------------------------------------------------ shipping
+
+    def start(self) -> None:
+        if self.queue_url and self._task is None:
+            self._task = asyncio.create_task(self._run(), name="ledger-sender")
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            full_only = True  # woken by a full batch: a partial one waits for its interval
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self._delay())
+            except TimeoutError:
+                full_only = False
+            self._wake.clear()
+            if self._stopping:
+                break
+            await self.flush(full_only)
+
+    def _delay(self) -> float:
+        if self._failures:
+            return min(self.interval_s * (2 ** min(self._failures, 5)), 30.0)
+        return self.interval_s
+
+    async def flush(self, full_only: bool = False) -> bool:
+        """Send what is pending (only whole batches if full_only); False if a send failed (rows stay pending)."""
+        if not self.queue_url:
+            return True
+        async with self._lock:
+            while self.pending and (len(self.pending) >= self.batch_size or not full_only):
+                n = min(self.batch_size, len(self.pending))
+                while True:
+                    body = Envelope(msg=LedgerBatch(ref=self.ref, rows=self.pending[:n])).model_dump_json()
+                    if len(body) <= MAX_MESSAGE_BYTES or n == 1:
+                        break
+                    n = max(1, n // 2)
+                try:
+                    await asyncio.to_thread(self.sender, self.queue_url, body)
+                except Exception as e:
+                    self._failures += 1
+                    log.warning("ledger batch send failed (%d pending): %s", len(self.pending), type(e).__name__)
+                    return False
+                del self.pending[:n]
+                self.sent += n
+                self._failures = 0
+        return True
+
+    async def close(self, timeout_s: float = 30.0) -> bool:
+        """Stop the sender, send what is left (retrying until timeout), close the file."""
+        if self._task is not None:
+            # let an in-flight send finish (cancelling it could send a batch twice)
+            self._stopping = True
+            self._wake.set()
+            try:
+                await self._task
+            except Exception:
+                pass
+            self._task = None
+        ok = await self.flush()
+        deadline = time.monotonic() + timeout_s
+        delay = 0.2
+        while not ok and time.monotonic() < deadline:
+            await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
+            delay = min(delay * 2, 5.0)
+            ok = await self.flush()
+        self._file.close()
+        if not ok:
+            log.error("%d ledger rows could not be sent; they remain in %s", len(self.pending), self.path)
+        return ok

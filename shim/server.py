@@ -1,0 +1,576 @@
+"""The shim's aiohttp server: auth swap, caps, forwarding with retries, SSE relay, metering."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from contract import pricing
+from contract.models import CallRecord, Usage, utcnow
+from shim.caps import ATTEMPT_CAP, Budget, LocalBudget, ValkeyBudget, micro
+from shim.config import ShimConfig
+from shim.ledger import Ledger
+from shim.pacer import NoopPacer, Pacer, PaceRequest
+from shim.progress import Progress
+from shim.retry import Backoff, retry_after_s
+from shim.wire import (
+    CHAT,
+    MESSAGES,
+    SSESplitter,
+    StreamMeter,
+    error_body,
+    normalise,
+    retryable_status,
+    retryable_stream_error,
+    usage_from_body,
+)
+
+log = logging.getLogger("shim")
+
+ROUTES = {CHAT: "/v1/chat/completions", MESSAGES: "/v1/messages"}
+DEFAULT_MAX_OUTPUT = 16384
+_HOP = frozenset(
+    {
+        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
+        "transfer-encoding", "upgrade", "content-length", "host", "date", "server",
+    }
+)
+# content-encoding passes through with the bytes (auto_decompress=False; we ask for identity anyway)
+_DROP_UP = _HOP | {"authorization", "x-api-key", "accept-encoding", "cookie"}
+NO_RETRY = {"x-should-retry": "false"}
+
+
+class _ClientGone(Exception):
+    pass
+
+
+@dataclass
+class _Retry:
+    """An attempt that failed in a way worth retrying; the last one is passed through if all fail."""
+
+    status: int
+    headers: Mapping[str, str]  # case-insensitive when it came from upstream
+    body: bytes
+    content_type: str = "application/json"
+
+
+@dataclass
+class Call:
+    kind: str
+    route: str
+    call_id: uuid.UUID = field(default_factory=uuid.uuid4)
+    started_at: datetime = field(default_factory=utcnow)
+    t0: float = field(default_factory=time.monotonic)
+    stream: bool = False
+    http_status: int = 0
+    outcome: str = "ok"
+    usage: Usage = field(default_factory=Usage)
+    raw_usage: dict[str, Any] | None = None
+    estimated: bool = False
+    cost: float = 0.0
+    retries: int = 0
+    pacer_wait_ms: float = 0.0
+    payload_bytes: int = 0
+
+
+class Shim:
+    def __init__(self, cfg: ShimConfig, upstream_key: str | None, pacer: Pacer | None = None):
+        self.cfg = cfg
+        self._key = upstream_key or None
+        self.upstream = cfg.upstream_url.rstrip("/")
+        self.upstream = self.upstream.removesuffix("/v1")
+        self.pacer: Pacer = pacer or NoopPacer()
+        self.backoff = Backoff(cfg.backoff_base_s, cfg.backoff_cap_s, cfg.max_retry_after_s)
+        self.price = self._load_price()
+        self.ledger = Ledger(
+            cfg.ledger_path, cfg.ref, cfg.results_queue_url, cfg.batch_size, cfg.batch_interval_s
+        )
+        self.calls = 0
+        self.turns = 0
+        self.in_flight = 0
+        self.retries = 0
+        self.stopped: str | None = None
+        self.last_call_at: float | None = None
+        self.port: int | None = None
+        self.redis = None
+        self.budget: Budget | None = None
+        self.progress: Progress | None = None
+        self.session: aiohttp.ClientSession | None = None
+        self.runner: web.AppRunner | None = None
+        self._bg: set[asyncio.Task] = set()
+        self._heartbeat: asyncio.Task | None = None
+        self.ready = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    def _load_price(self) -> pricing.Price | None:
+        try:
+            return pricing.price(self.cfg.model, self.cfg.provider)
+        except (pricing.UnknownModel, OSError, ValueError) as e:
+            log.warning("no price for model %r (%s): calls are metered at cost 0 and the cost caps "
+                        "cannot bind", self.cfg.model, type(e).__name__)
+            return None
+
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/_shim/health", self.health)
+        app.router.add_get("/_shim/status", self.status_handler)
+        for kind, path in ROUTES.items():
+            app.router.add_post(path, self._route(kind))
+            app.router.add_post(path[3:], self._route(kind))  # base URL without /v1
+        app.router.add_route("*", "/{tail:.*}", self.unknown)
+        return app
+
+    def _route(self, kind: str):
+        async def handler(request: web.Request) -> web.StreamResponse:
+            return await self.proxy(request, kind)
+
+        return handler
+
+    async def start(self) -> int:
+        cfg = self.cfg
+        if cfg.valkey_url:
+            import redis.asyncio as aioredis
+            from redis.backoff import ExponentialBackoff
+            from redis.exceptions import ConnectionError as RConnErr
+            from redis.exceptions import TimeoutError as RTimeout
+            from redis.retry import Retry
+
+            # a blocking pool: a burst of concurrent calls waits for a connection instead of failing
+            pool = aioredis.BlockingConnectionPool.from_url(
+                cfg.valkey_url, max_connections=32, timeout=10, socket_timeout=5, socket_connect_timeout=5,
+                retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 4), retry_on_error=[RConnErr, RTimeout],
+            )
+            self.redis = aioredis.Redis(connection_pool=pool)
+            self.budget = ValkeyBudget(self.redis, cfg.ref, cfg.limits.cost_usd, cfg.run_cost_usd, cfg.hold_ttl_s)
+        else:
+            self.budget = LocalBudget(cfg.limits.cost_usd, cfg.run_cost_usd, cfg.hold_ttl_s)
+        self.progress = Progress(self.redis, cfg.ref, cfg.pool)
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            timeout=aiohttp.ClientTimeout(
+                total=None, connect=cfg.connect_timeout_s, sock_connect=cfg.connect_timeout_s,
+                sock_read=cfg.sock_read_timeout_s,
+            ),
+            auto_decompress=False,
+        )
+        self.ledger.start()
+        self.runner = web.AppRunner(
+            self.make_app(), access_log=None, shutdown_timeout=cfg.shutdown_timeout_s, handle_signals=False
+        )
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, cfg.listen_host, cfg.listen_port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        await self.progress.publish(self._progress_fields())
+        self._heartbeat = asyncio.create_task(self._beat(), name="progress-heartbeat")
+        self.ready = True
+        if cfg.port_file:
+            tmp = cfg.port_file.with_name(cfg.port_file.name + ".tmp")
+            tmp.write_text(str(self.port))
+            os.replace(tmp, cfg.port_file)
+        log.info("shim ready on %s:%d -> %s (%s, model %s)", cfg.listen_host, self.port, self.upstream,
+                 cfg.provider, cfg.model)
+        return self.port
+
+    async def stop(self) -> bool:
+        """Stop serving (in-flight calls get shutdown_timeout_s), flush the ledger, write status."""
+        self.ready = False
+        if self.runner is not None:
+            await self.runner.cleanup()
+        # cancelled handlers still write their ledger row (and settle their hold): let them finish
+        deadline = time.monotonic() + 5
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        if self._bg:
+            await asyncio.gather(*self._bg, return_exceptions=True)
+        sent_all = await self.ledger.close(self.cfg.sqs_flush_timeout_s)
+        if self.progress is not None:
+            await self.progress.publish(self._progress_fields())
+        if self.session is not None:
+            await self.session.close()
+        if self.redis is not None:
+            await self.redis.aclose()
+        self.write_status()
+        log.info("shim stopped: %d calls, %d ledger rows, %d sent", self.calls, self.ledger.rows, self.ledger.sent)
+        return sent_all
+
+    def write_status(self) -> None:
+        if self.cfg.status_path:
+            tmp = self.cfg.status_path.with_name(self.cfg.status_path.name + ".tmp")
+            tmp.write_text(json.dumps(self.status()))
+            os.replace(tmp, self.cfg.status_path)
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.heartbeat_s)
+            await self.progress.publish(self._progress_fields())
+
+    # ------------------------------------------------------------ status
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "ledger_rows": self.ledger.rows,
+            "ledger_sent": self.ledger.sent,
+            "stopped": self.stopped,
+            "totals": self.ledger.totals.model_dump(),
+            "turns": self.turns,
+            "retries": self.retries,
+            "in_flight": self.in_flight,
+        }
+
+    def _progress_fields(self) -> dict[str, Any]:
+        t = self.ledger.totals
+        return {
+            "calls": t.calls,
+            "turns": self.turns,
+            "tokens": t.input_tokens + t.cached_tokens + t.cache_write_tokens + t.output_tokens,
+            "cost_usd": f"{t.cost_usd:.9f}",
+            "last_call_at": "" if self.last_call_at is None else f"{self.last_call_at:.3f}",
+            "stopped": self.stopped or "",
+            "heartbeat_at": f"{time.time():.3f}",
+        }
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": self.ready}, status=200 if self.ready else 503)
+
+    async def status_handler(self, request: web.Request) -> web.Response:
+        return web.json_response(self.status())
+
+    # ------------------------------------------------------------ entry points
+
+    def _authorized(self, request: web.Request) -> bool:
+        token = request.headers.get("x-api-key")
+        if not token:
+            auth = request.headers.get("authorization", "")
+            token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        return hmac.compare_digest(token.encode(), self.cfg.local_token.encode())
+
+    async def unknown(self, request: web.Request) -> web.StreamResponse:
+        kind = MESSAGES if "messages" in request.path else CHAT
+        call = self._begin(kind, request.path)
+        try:
+            if not self._authorized(request):
+                return self._local_error(call, 401, "authentication_error", "invalid local token", "unauthorized")
+            return self._local_error(
+                call, 404, "not_found_error", f"unknown route {request.method} {request.path}", "bad_request"
+            )
+        finally:
+            self._finish(call)
+
+    async def proxy(self, request: web.Request, kind: str) -> web.StreamResponse:
+        call = self._begin(kind, request.path)
+        try:
+            return await self._handle(request, call)
+        except asyncio.CancelledError:
+            call.outcome = "cancelled" if call.http_status == 0 else "stream_error"
+            raise
+        except Exception:
+            log.exception("internal error in call %s", call.call_id)
+            if call.http_status:
+                call.outcome = "stream_error"
+                raise
+            return self._local_error(call, 500, "api_error", "shim internal error", "error")
+        finally:
+            self._finish(call)
+
+    def _begin(self, kind: str, route: str) -> Call:
+        self.calls += 1
+        self.in_flight += 1
+        return Call(kind=kind, route=route)
+
+    def _finish(self, call: Call) -> None:
+        self.in_flight -= 1
+        self.last_call_at = time.time()
+        self.retries += call.retries
+        row = self.ledger.append(
+            CallRecord(
+                call_id=call.call_id, run=self.cfg.ref.run, instance_id=self.cfg.ref.instance_id,
+                attempt=self.cfg.ref.attempt, seq=0, pool=self.cfg.pool, provider=self.cfg.provider,
+                model=self.cfg.model, route=call.route, stream=call.stream, started_at=call.started_at,
+                input_tokens=call.usage.input_tokens, cached_tokens=call.usage.cached_tokens,
+                cache_write_tokens=call.usage.cache_write_tokens, output_tokens=call.usage.output_tokens,
+                cost_usd=call.cost, latency_ms=round((time.monotonic() - call.t0) * 1000, 3),
+                pacer_wait_ms=round(call.pacer_wait_ms, 3), retries=call.retries, http_status=call.http_status,
+                outcome=call.outcome, usage_estimated=call.estimated, raw_usage=call.raw_usage,
+            )
+        )
+        log.info("call %d %s %s -> %d %s in=%d cached=%d write=%d out=%d $%.6f retries=%d %.0fms",
+                 row.seq, call.route, "stream" if call.stream else "", call.http_status, call.outcome,
+                 row.input_tokens, row.cached_tokens, row.cache_write_tokens, row.output_tokens, row.cost_usd,
+                 row.retries, row.latency_ms)
+        if self.progress is not None:
+            task = asyncio.ensure_future(self.progress.publish(self._progress_fields()))
+            self._bg.add(task)
+            task.add_done_callback(self._bg.discard)
+
+    # ------------------------------------------------------------ the call
+
+    async def _handle(self, request: web.Request, call: Call) -> web.StreamResponse:
+        if not self._authorized(request):
+            return self._local_error(call, 401, "authentication_error", "invalid local token", "unauthorized")
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return self._local_error(call, 400, "invalid_request_error", "request body is not valid JSON",
+                                     "bad_request")
+        if not isinstance(body, dict):
+            return self._local_error(call, 400, "invalid_request_error", "request body must be a JSON object",
+                                     "bad_request")
+        call.stream = body.get("stream") is True
+        if not isinstance(body.get("model"), str) or not body["model"]:
+            return self._local_error(call, 400, "invalid_request_error", "missing required field: model",
+                                     "bad_request")
+        modified = False
+        if body["model"] != self.cfg.model:
+            body["model"] = self.cfg.model  # the shim is pinned to one model (and prices it)
+            modified = True
+        if call.kind == CHAT and call.stream:
+            so = body.get("stream_options")
+            if not (isinstance(so, dict) and so.get("include_usage")):
+                body["stream_options"] = {**(so if isinstance(so, dict) else {}), "include_usage": True}
+                modified = True
+        payload = json.dumps(body).encode() if modified else raw
+        call.payload_bytes = len(payload)
+
+        # ---- caps
+        if self.stopped:
+            return self._refuse(call, self.stopped)
+        max_turns = self.cfg.limits.max_turns
+        if max_turns is not None and self.turns >= max_turns:
+            return self._refuse(call, "max_turns_exceeded")
+        self.turns += 1
+        est_in = (len(payload) + 2) // 3  # generous: JSON overhead, ~3 bytes per token at worst
+        max_out = body.get("max_tokens") or body.get("max_completion_tokens")
+        if not isinstance(max_out, int) or max_out <= 0:
+            max_out = min((self.price.max_output_tokens if self.price else None) or DEFAULT_MAX_OUTPUT,
+                          DEFAULT_MAX_OUTPUT)
+        est = micro(est_in * self.price.input + max_out * self.price.output) if self.price else 0
+        hold_id = str(call.call_id)
+        try:
+            which = await self.budget.hold(hold_id, est)
+        except Exception as e:
+            self.turns -= 1
+            log.error("budget hold failed: %s", type(e).__name__)
+            return self._local_error(call, 503, "api_error", "budget store unavailable", "error",
+                                     headers={"x-should-retry": "true", "retry-after": "2"})
+        if which:
+            self.turns -= 1
+            scope = "attempt" if which == ATTEMPT_CAP else "run"
+            return self._refuse(call, "budget_exceeded", f"the {scope} cost cap does not allow this call")
+        try:
+            pace = PaceRequest(self.cfg.pool, est_in, max_out)
+            return await self._forward(request, call, payload, pace)
+        finally:
+            try:
+                await self.budget.settle(hold_id, micro(call.cost))
+            except Exception as e:  # the hold expires on its own; spend is undercounted by this call
+                log.error("budget settle failed: %s", type(e).__name__)
+
+    def _refuse(self, call: Call, reason: str, detail: str | None = None) -> web.Response:
+        if self.stopped is None:
+            self.stopped = reason
+            log.warning("stopping: %s", reason)
+        msg = detail or ("the attempt's turn limit is reached" if reason == "max_turns_exceeded"
+                         else "the cost cap does not allow this call")
+        return self._local_error(call, 403, reason, f"{reason}: {msg}", reason)
+
+    def _local_error(self, call: Call, status: int, etype: str, message: str, outcome: str,
+                     headers: dict[str, str] | None = None) -> web.Response:
+        call.http_status = status
+        call.outcome = outcome
+        return web.json_response(error_body(call.kind, etype, message), status=status,
+                                 headers=headers or NO_RETRY)
+
+    def _upstream_headers(self, request: web.Request, kind: str) -> dict[str, str]:
+        h = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_UP}
+        h["Accept-Encoding"] = "identity"
+        h["Content-Type"] = "application/json"
+        if self._key:
+            if kind == MESSAGES:
+                h["x-api-key"] = self._key
+            else:
+                h["Authorization"] = f"Bearer {self._key}"
+        return h
+
+    @staticmethod
+    def _down_headers(headers) -> dict[str, str]:
+        return {k: v for k, v in headers.items() if k.lower() not in _HOP}
+
+    async def _forward(self, request: web.Request, call: Call, payload: bytes, pace: PaceRequest):
+        url = self.upstream + ROUTES[call.kind]
+        headers = self._upstream_headers(request, call.kind)
+        last: _Retry | None = None
+        for attempt in range(1, self.cfg.max_attempts + 1):
+            if last is not None:
+                call.retries += 1
+                await asyncio.sleep(self.backoff.delay(attempt - 1, last.headers))
+            call.pacer_wait_ms += await self.pacer.admit(pace)
+            try:
+                resp = await self.session.post(url, data=payload, headers=headers)
+            except (aiohttp.ClientError, TimeoutError) as e:
+                last = _Retry(502, {}, self._err_json(call, f"upstream unreachable: {type(e).__name__}"))
+                await self.pacer.settle(pace, None, 0, None)
+                continue
+            try:
+                if resp.status != 200:
+                    data = await resp.read()
+                    await self.progress.discover(resp.headers, force=resp.status == 429)
+                    await self.pacer.settle(pace, None, resp.status, retry_after_s(resp.headers))
+                    if retryable_status(resp.status, data):
+                        last = _Retry(resp.status, CIMultiDict(resp.headers), data, resp.content_type)
+                        log.info("upstream %d (attempt %d), retrying", resp.status, attempt)
+                        continue
+                    return self._pass(call, resp.status, resp.headers, data, "error")
+                await self.progress.discover(resp.headers)
+                if not call.stream:
+                    data = await resp.read()
+                    self._meter(call, usage_from_body(call.kind, data), estimated=False)
+                    await self.pacer.settle(pace, call.usage, 200, None)
+                    call.http_status = 200
+                    return web.Response(status=200, body=data, headers=self._down_headers(resp.headers))
+                result = await self._stream(request, call, resp, payload)
+                if isinstance(result, _Retry):
+                    last = result
+                    log.info("stream failed before content (attempt %d), retrying", attempt)
+                    continue
+                await self.pacer.settle(pace, call.usage, 200, None)
+                return result
+            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as e:
+                if call.http_status:  # bytes already went to the harness: cannot retry
+                    raise
+                last = _Retry(502, {}, self._err_json(call, f"upstream failed: {type(e).__name__}"))
+                continue
+            finally:
+                resp.close()
+        assert last is not None
+        log.warning("upstream exhausted after %d attempts (last %d)", self.cfg.max_attempts, last.status)
+        return self._pass(call, last.status, last.headers, last.body, "upstream_exhausted")
+
+    def _err_json(self, call: Call, message: str) -> bytes:
+        return json.dumps(error_body(call.kind, "api_error", message)).encode()
+
+    def _pass(self, call: Call, status: int, headers, body: bytes, outcome: str) -> web.Response:
+        call.http_status = status
+        call.outcome = outcome
+        h = self._down_headers(headers)
+        for k in [k for k in h if k.lower() == "x-should-retry"]:
+            del h[k]
+        h["x-should-retry"] = "false"
+        if not any(k.lower() == "content-type" for k in h):
+            h["Content-Type"] = "application/json"
+        return web.Response(status=status, body=body, headers=h)
+
+    def _meter(self, call: Call, raw: dict[str, Any] | None, estimated: bool, est_output: int = 0) -> None:
+        usage = normalise(call.kind, raw)
+        if raw is None or estimated:
+            estimated = True
+            if raw is None or not (usage.input_tokens or usage.cached_tokens or usage.cache_write_tokens):
+                usage.input_tokens = (call.payload_bytes + 3) // 4
+            usage.output_tokens = max(usage.output_tokens, est_output)
+        call.usage = usage
+        call.raw_usage = raw
+        call.estimated = estimated
+        call.cost = round(self.price.cost(usage), 9) if self.price else 0.0
+
+    async def _stream(self, request: web.Request, call: Call, resp: aiohttp.ClientResponse, payload: bytes):
+        meter = StreamMeter(call.kind)
+        split = SSESplitter()
+        buffered: list[bytes] = []
+        size = 0
+        chunks = resp.content.iter_any()
+        # 1. hold everything back until content starts, so that early failures can be retried
+        try:
+            async for chunk in chunks:
+                buffered.append(chunk)
+                size += len(chunk)
+                for event, data in split.feed(chunk):
+                    meter.on_event(event, data)
+                if meter.error_before_content or meter.meaningful or meter.done:
+                    break
+                if size > self.cfg.max_stream_buffer_bytes:
+                    break
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as e:
+            return _Retry(502, {}, self._err_json(call, f"upstream stream failed: {type(e).__name__}"))
+        if meter.error_before_content and retryable_stream_error(meter.error or {}):
+            return _Retry(529, {}, json.dumps(meter.error).encode())
+        if not (meter.meaningful or meter.done or meter.error or size > self.cfg.max_stream_buffer_bytes):
+            return _Retry(502, {}, self._err_json(call, "upstream stream ended before any content"))
+
+        # 2. commit: from here on the harness has bytes and the call cannot be retried
+        out = web.StreamResponse(status=200, headers=self._down_headers(resp.headers))
+        await out.prepare(request)
+        call.http_status = 200
+        cut: str | None = None
+        try:
+            for chunk in buffered:
+                await self._write(out, chunk)
+            if not meter.done and meter.error is None:
+                async for chunk in chunks:
+                    for event, data in split.feed(chunk):
+                        meter.on_event(event, data)
+                    await self._write(out, chunk)
+        except _ClientGone:
+            cut = "client disconnected"
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as e:
+            cut = f"upstream stream failed: {type(e).__name__}"
+        except asyncio.CancelledError:  # shutdown while streaming: meter what went through, then go
+            call.outcome = "stream_error"
+            self._meter(call, meter.raw if meter.saw_usage else None, estimated=True,
+                        est_output=meter.delta_tokens)
+            raise
+        if cut is None and meter.error is None and not meter.done:
+            cut = "upstream stream ended early"
+        if cut is None and meter.error is None:
+            self._meter(call, meter.raw if meter.saw_usage else None, estimated=not meter.saw_usage,
+                        est_output=meter.delta_tokens)
+            call.outcome = "ok"
+        else:
+            call.outcome = "stream_error"
+            self._meter(call, meter.raw if meter.saw_usage else None, estimated=True,
+                        est_output=meter.delta_tokens)
+            if cut is not None:
+                log.warning("stream cut: %s", cut)
+            if cut is not None and cut != "client disconnected":
+                # tell the harness the stream broke (both SDKs raise on an in-stream error)
+                try:
+                    await self._write(out, self._sse_error(call.kind, cut))
+                except _ClientGone:
+                    pass
+        try:
+            await out.write_eof()
+        except (ConnectionError, RuntimeError):
+            pass
+        return out
+
+    @staticmethod
+    def _sse_error(kind: str, message: str) -> bytes:
+        if kind == MESSAGES:
+            doc = {"type": "error", "error": {"type": "api_error", "message": message}}
+            return b"event: error\ndata: " + json.dumps(doc).encode() + b"\n\n"
+        doc = {"error": {"type": "server_error", "message": message}}
+        return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+    @staticmethod
+    async def _write(out: web.StreamResponse, chunk: bytes) -> None:
+        try:
+            await out.write(chunk)
+        except (ConnectionError, RuntimeError) as e:
+            raise _ClientGone from e

@@ -1,0 +1,89 @@
+"""Fixtures for the shim: the simulator (in a thread) as upstream, shims as real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+
+import pytest
+from shimtest import FAST_RETRIES, LOCAL_TOKEN, ROOT, UPSTREAM_KEY, ShimProc
+
+from simulator import SimulatorConfig
+from simulator.testing import running_simulator
+
+
+@pytest.fixture
+def sim():
+    """start(**SimulatorConfig fields) -> base URL; the simulator only accepts the upstream key."""
+    with ExitStack() as stack:
+
+        def start(**kw) -> str:
+            kw.setdefault("api_key", UPSTREAM_KEY)
+            return stack.enter_context(running_simulator(SimulatorConfig(**kw)))
+
+        yield start
+
+
+@pytest.fixture
+def shim(tmp_path, valkey_url, unique):
+    """start(upstream_url, **ShimConfig overrides) -> ShimProc (a `python -m shim` subprocess);
+    start.many(upstream_url, [overrides, ...]) starts several side by side."""
+    procs: list[ShimProc] = []
+
+    def spawn(upstream_url: str, *, key: str | None = UPSTREAM_KEY, instance: str = "repo__repo-1",
+              attempt: int = 1, run: str | None = None, **overrides) -> ShimProc:
+        d = tmp_path / f"shim{len(procs)}"
+        d.mkdir()
+        cfg = {
+            "upstream_url": upstream_url,
+            "provider": "anthropic",
+            "model": "claude-sonnet-4-5",
+            "pool": f"{unique}-pool",
+            "ref": {"run": run or unique, "instance_id": instance, "attempt": attempt},
+            "local_token": LOCAL_TOKEN,
+            "ledger_path": str(d / "ledger.jsonl"),
+            "port_file": str(d / "port"),
+            "status_path": str(d / "status.json"),
+            "valkey_url": valkey_url,
+            **FAST_RETRIES,
+            **overrides,
+        }
+        (d / "shim.json").write_text(json.dumps(cfg))
+        env = {k: v for k, v in os.environ.items() if k != "SHIM_UPSTREAM_KEY"}
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        if key is not None:
+            env["SHIM_UPSTREAM_KEY"] = key
+        with open(d / "stderr.log", "wb") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "shim", "--config", str(d / "shim.json")],
+                                    cwd=ROOT, env=env, stdout=err, stderr=subprocess.STDOUT)
+        sp = ShimProc(proc, "", cfg, d)
+        procs.append(sp)
+        return sp
+
+    def ready(sp: ShimProc) -> ShimProc:
+        port_file = sp.dir / "port"
+        deadline = time.monotonic() + 20
+        while not port_file.exists():
+            if sp.proc.poll() is not None or time.monotonic() > deadline:
+                sp.proc.kill()
+                raise RuntimeError(f"shim did not start: {sp.log()}")
+            time.sleep(0.02)
+        sp.base = f"http://127.0.0.1:{port_file.read_text()}"
+        return sp
+
+    def start(upstream_url: str, **kw) -> ShimProc:
+        return ready(spawn(upstream_url, **kw))
+
+    def start_many(upstream_url: str, specs: list[dict]) -> list[ShimProc]:
+        return [ready(sp) for sp in [spawn(upstream_url, **kw) for kw in specs]]
+
+    start.many = start_many
+    yield start
+    for sp in procs:
+        if sp.proc.poll() is None:
+            sp.proc.kill()
+            sp.proc.wait()
