@@ -1,6 +1,6 @@
-"""Launchers: one interface, several backends (process now; docker and ecs later)."""
+"""Launchers: one interface, several backends (process, docker, ecs). docker and ecs import lazily."""
 
 from dispatcher.launchers.base import Launcher, TaskHandle
 from dispatcher.launchers.process import ProcessLauncher
 
-__all__ = ["Launcher", "TaskHandle", "ProcessLauncher"]
+__all__ = ["Launcher", "ProcessLauncher", "TaskHandle"]

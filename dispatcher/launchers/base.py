@@ -23,3 +23,9 @@ class Launcher(Protocol):
 
     def stop(self, handle: TaskHandle) -> None:
         """Stop a task (cancel, or the wall-time guard)."""
+
+    def find_running(self, run: str) -> list[TaskHandle]:
+        """The run's tasks still alive, found again after a dispatcher restart ([] where not possible)."""
+
+    def task_url(self, url: str) -> str:
+        """How a task reaches an endpoint the dispatcher knows as `url` (write this into job documents)."""

@@ -8,8 +8,8 @@ run, instance and attempt, so a resumed dispatcher finds the ones still running 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import docker
 import docker.errors

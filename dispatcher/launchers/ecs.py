@@ -17,10 +17,11 @@ import random
 import re
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 import boto3
 from botocore.config import Config
@@ -111,7 +112,7 @@ class EcsLauncher:
         self.eval_deficit = _EvalDeficit()
 
     @classmethod
-    def from_stack_outputs(cls, out: StackOutputs, **kw) -> "EcsLauncher":
+    def from_stack_outputs(cls, out: StackOutputs, **kw) -> EcsLauncher:
         harness = EcsTarget(out.cluster_arn, out.harness_task_definition_arn, "harness", "FARGATE",
                             tuple(out.harness_subnet_ids), (out.harness_security_group_id,))
         eval_workers = EcsTarget(out.eval_cluster_arn, out.eval_task_definition_arn, "eval-worker", "EC2")

@@ -43,7 +43,7 @@ class Endpoint:
     port: int
 
     @classmethod
-    def parse(cls, url: str) -> "Endpoint":
+    def parse(cls, url: str) -> Endpoint:
         """`http://127.0.0.1:4566`, `redis://h:6379/0` or `h:443` -> Endpoint."""
         if "://" not in url:
             url = "tcp://" + url
@@ -89,7 +89,7 @@ class Egress:
         self._relays: list[forwarder.Relay] = []
 
     # ------------------------------------------------------------------ lifecycle
-    def up(self) -> "Egress":
+    def up(self) -> Egress:
         gateway = _bridge_gateway(self.client)
         targets = {e: self._host_side(e, gateway) for e in self.endpoints}
         net = self._network()

@@ -31,7 +31,7 @@ def _handler(target_host: str, target_port: int):
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(target_host, target_port), 10)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             writer.close()
             return
         await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))

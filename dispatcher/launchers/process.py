@@ -42,6 +42,13 @@ class ProcessLauncher:
             except ProcessLookupError:
                 pass
 
+    def find_running(self, run: str) -> list[TaskHandle]:
+        """Child processes are not found again after a restart; their Valkey progress keys stand in."""
+        return []
+
+    def task_url(self, url: str) -> str:
+        return url
+
 
 def local_task_env(extra: dict[str, str]) -> dict[str, str]:
     """The environment handed to local tasks: ours, minus anything secret-looking, plus `extra`."""

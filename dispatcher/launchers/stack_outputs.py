@@ -44,7 +44,7 @@ class StackOutputs(BaseModel):
         return f"rediss://{self.valkey_endpoint}:{self.valkey_port}/0"
 
     @classmethod
-    def load(cls, path: str | Path) -> "StackOutputs":
+    def load(cls, path: str | Path) -> StackOutputs:
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError) as e:
