@@ -16,7 +16,8 @@ _CONFIG = Config(retries={"max_attempts": 8, "mode": "adaptive"}, max_pool_conne
 def client(service: str, endpoint_url: str | None = None):
     return boto3.client(
         service,
-        endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None,
+        endpoint_url=endpoint_url or os.environ.get(f"AWS_ENDPOINT_URL_{service.upper()}")
+        or os.environ.get("AWS_ENDPOINT_URL") or None,
         region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
         config=_CONFIG,
     )

@@ -1,46 +1,78 @@
-"""python -m eval_worker --queue URL [--logs-root DIR] [--once] [--idle-exit SECONDS] [--visibility-timeout S]"""
+"""The eval worker CLI.
+
+  python -m eval_worker --queue URL [--backend process|docker] [--logs-root DIR] [--once] [--idle-exit S]
+         [--visibility-timeout S] [--database-url URL] [--registry HOST:PORT] [--require-pinned]
+  python -m eval_worker validate --dataset PATH [--instances ID ...] [--backend docker|process]
+         [--repos DIR] [--logs-root DIR] [--timeout S] [--registry HOST:PORT]
+  python -m eval_worker mirror --dataset PATH --registry HOST:PORT [--instances ID ...] [--no-pull]
+
+validate and mirror record into PostgreSQL ($DATABASE_URL, default postgresql://postgres@127.0.0.1:5432/test)
+and print one JSON line per instance/image; exit 1 if anything is invalid or failed.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m eval_worker", description="Grade EvalJob messages from SQS.")
-    ap.add_argument("--queue", required=True, help="eval queue URL (SQS)")
-    ap.add_argument("--logs-root", type=Path, default=Path("."),
-                    help="root of the official layout logs/run_evaluation/... (default: current directory)")
-    ap.add_argument(
-        "--once", action="store_true", help="handle at most one message (one long poll), then exit"
-    )
-    ap.add_argument("--idle-exit", type=float, default=None, metavar="SECONDS",
-                    help="exit after this many seconds without a message")
-    ap.add_argument("--visibility-timeout", type=int, default=120, metavar="S",
-                    help="visibility timeout per message; extended every S/3 while grading (default 120)")
-    ap.add_argument("--wait-time", type=int, default=20, help="long-polling wait per receive (max 20)")
-    ap.add_argument(
-        "--sandbox-root", type=Path, default=None, help="where sandboxes are created (default: TMPDIR)"
-    )
-    ap.add_argument("--keep-sandboxes", action="store_true", help="do not delete sandboxes (debugging)")
-    ap.add_argument("-v", "--verbose", action="store_true")
-    args = ap.parse_args(argv)
+def _logging(verbose: bool) -> None:
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     logging.getLogger("botocore").setLevel(logging.WARNING)
 
+
+def _docker_backend(database_url: str | None, registry: str | None, require_pinned: bool):
+    from eval_worker.docker_backend import DockerBackend
+    from eval_worker.pinning import ImageResolver
+
+    return DockerBackend(resolver=ImageResolver(database_url, registry, require_pinned))
+
+
+def worker_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m eval_worker", description="Grade EvalJob messages from SQS.")
+    ap.add_argument("--queue", required=True, help="eval queue URL (SQS)")
+    ap.add_argument("--backend", choices=("process", "docker"), default="process",
+                    help="docker: the official run_instance in the instance image (official results); "
+                         "process: a local sandbox (approximation, no Docker)")
+    ap.add_argument("--logs-root", type=Path, default=Path("."),
+                    help="root of the official layout logs/run_evaluation/... (default: current directory)")
+    ap.add_argument("--once", action="store_true", help="handle at most one message (one long poll), then exit")
+    ap.add_argument("--idle-exit", type=float, default=None, metavar="SECONDS",
+                    help="exit after this many seconds without a message")
+    ap.add_argument("--visibility-timeout", type=int, default=120, metavar="S",
+                    help="visibility timeout per message; extended every S/3 while grading (default 120)")
+    ap.add_argument("--wait-time", type=int, default=20, help="long-polling wait per receive (max 20)")
+    ap.add_argument("--sandbox-root", type=Path, default=None, help="process backend: where sandboxes go")
+    ap.add_argument("--keep-sandboxes", action="store_true", help="process backend: keep sandboxes (debugging)")
+    ap.add_argument("--database-url", default=os.environ.get("DATABASE_URL"),
+                    help="docker backend: image validation/mirror records (default $DATABASE_URL; none: "
+                         "grade on the local tag's image id)")
+    ap.add_argument("--registry", default=None, help="docker backend: pull mirrored images by digest from here")
+    ap.add_argument("--require-pinned", action="store_true",
+                    help="docker backend: infra_error unless the image has a valid validation or mirror record")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    _logging(args.verbose)
+
     from eval_worker.sandbox import ProcessBackend
     from eval_worker.worker import EvalWorker
 
+    if args.backend == "docker":
+        backend = _docker_backend(args.database_url, args.registry, args.require_pinned)
+    else:
+        backend = ProcessBackend(root=args.sandbox_root, keep=args.keep_sandboxes)
     worker = EvalWorker(
         args.queue,
         logs_root=args.logs_root,
-        backend=ProcessBackend(root=args.sandbox_root, keep=args.keep_sandboxes),
+        backend=backend,
         visibility_timeout=args.visibility_timeout,
         wait_time_s=min(max(args.wait_time, 0), 20),
     )
@@ -50,6 +82,83 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     logging.getLogger("eval_worker").info("handled %d message(s)", n)
     return 0
+
+
+def validate_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m eval_worker validate",
+                                 description="Gold-validate instance images and record the result per digest.")
+    ap.add_argument("--dataset", required=True, help=".json/.jsonl/.parquet instance rows")
+    ap.add_argument("--instances", nargs="*", default=None)
+    ap.add_argument("--backend", choices=("docker", "process"), default="docker")
+    ap.add_argument("--repos", default=None, help="process backend: <owner>__<name>.bundle folder "
+                                                  "(default: <dataset dir>/repos)")
+    ap.add_argument("--logs-root", type=Path, default=None, help="official layout root (default: a temp dir)")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="eval script timeout per run (s)")
+    ap.add_argument("--registry", default=None, help="docker: validate the mirrored image (by digest)")
+    ap.add_argument("--database-url", default=None)
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    _logging(args.verbose)
+
+    import json
+
+    from contract import db
+    from eval_worker.images import load_rows
+    from eval_worker.validation import validate
+
+    url = args.database_url or db.database_url()
+    rows = load_rows(args.dataset, args.instances)
+    repos = args.repos or str(Path(args.dataset).resolve().parent / "repos")
+    logs_root = args.logs_root or Path(tempfile.mkdtemp(prefix="ep-validate-"))
+    backend = _docker_backend(url if args.registry else None, args.registry, False) if args.backend == "docker" else None
+    with db.connect(url) as conn:
+        db.migrate(conn)
+        records, errors = validate(rows, conn, backend=args.backend, docker_backend=backend, repos_dir=repos,
+                                   logs_root=logs_root, timeout_s=args.timeout)
+    for r in records:
+        print(r.model_dump_json(include={"instance_id", "image", "digest", "backend", "valid", "reason"}))
+    for e in errors:
+        print(json.dumps({"error": e}))
+    logging.getLogger("eval_worker").info("logs: %s", logs_root)
+    return 0 if not errors and all(r.valid for r in records) else 1
+
+
+def mirror_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m eval_worker mirror",
+                                 description="Copy instance images into a private registry; record digests.")
+    ap.add_argument("--dataset", required=True)
+    ap.add_argument("--registry", required=True, help="HOST:PORT (or an ECR registry host)")
+    ap.add_argument("--instances", nargs="*", default=None)
+    ap.add_argument("--no-pull", action="store_true", help="only mirror images present locally")
+    ap.add_argument("--database-url", default=None)
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    _logging(args.verbose)
+
+    import json
+
+    from contract import db
+    from eval_worker.images import load_rows
+    from eval_worker.mirror import mirror
+
+    rows = load_rows(args.dataset, args.instances)
+    with db.connect(args.database_url or db.database_url()) as conn:
+        db.migrate(conn)
+        records, errors = mirror(rows, args.registry, conn, pull=not args.no_pull)
+    for r in records:
+        print(json.dumps({"image": r.image, "ref": r.ref, "image_id": r.image_id}))
+    for e in errors:
+        print(json.dumps({"error": e}))
+    return 0 if not errors else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "validate":
+        return validate_main(argv[1:])
+    if argv and argv[0] == "mirror":
+        return mirror_main(argv[1:])
+    return worker_main(argv)
 
 
 if __name__ == "__main__":

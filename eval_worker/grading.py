@@ -46,6 +46,15 @@ def timeout_text(timeout: float) -> str:
     return f"\n\nTimeout error: {t} seconds exceeded."
 
 
+def infra_entry(reason: str) -> dict:
+    """The official report keys for a grading that produced no test output for infrastructure reasons
+    (v5 infra-failure fields set), so infra verdicts carry the same shape as graded ones."""
+    return {
+        "patch_is_None": False, "patch_exists": True, "patch_successfully_applied": False,
+        "resolved": False, "infra_failure": True, "infra_failure_reason": reason,
+    }
+
+
 def _instance_logger(log_file: Path) -> logging.Logger:
     """Like swebench.logger.setup_logger, but unique per log file (attempts may grade concurrently)."""
     logger = logging.getLogger(f"eval_worker.instance.{log_file}")
@@ -95,6 +104,8 @@ def grade(job: EvalJob, patch: str, logs_root: str | Path, backend: GradingBacke
     if patch is None or not patch.strip():
         raise ValueError(f"{job.ref.slug}: empty patch; empty patches are never graded")
     backend = backend or ProcessBackend()
+    if callable(getattr(backend, "grade", None)):  # a backend that runs the official harness itself
+        return backend.grade(job, patch, logs_root)
     started = utcnow()
     iid = job.ref.instance_id
     log_dir = instance_log_dir(logs_root, job.ref.run, job.ref.attempt, job.model_name, iid)
@@ -127,14 +138,15 @@ def grade(job: EvalJob, patch: str, logs_root: str | Path, backend: GradingBacke
             base_commit = job.instance["base_commit"]
         except (KeyError, ValueError, TypeError) as e:
             logger.error(f"Unusable instance row: {e!r}")
-            return verdict(EvalOutcome.INFRA_ERROR, reason=f"bad instance row: {e!r}")
+            return verdict(EvalOutcome.INFRA_ERROR, {iid: infra_entry("bad_instance_row")},
+                           reason=f"bad instance row: {e!r}")
 
         logger.info(f"Creating sandbox ({getattr(backend, 'name', type(backend).__name__)}) for {iid}...")
         try:
             sandbox = backend.create(instance_id=iid, repo_source=job.repo_source, base_commit=base_commit)
         except SandboxError as e:
             logger.error(f"Error creating sandbox for {iid}: {e}")
-            return verdict(EvalOutcome.INFRA_ERROR, reason=f"sandbox: {e}")
+            return verdict(EvalOutcome.INFRA_ERROR, {iid: infra_entry("sandbox_unavailable")}, reason=f"sandbox: {e}")
         logger.info(f"Sandbox for {iid} ready at base commit {base_commit}")
 
         logger.info(
@@ -189,10 +201,10 @@ def grade(job: EvalJob, patch: str, logs_root: str | Path, backend: GradingBacke
         return verdict(EvalOutcome.UNRESOLVED, report)
     except SandboxError as e:
         logger.error(f"Sandbox error for {iid}: {e}\n{traceback.format_exc()}")
-        return verdict(EvalOutcome.INFRA_ERROR, reason=f"sandbox: {e}")
+        return verdict(EvalOutcome.INFRA_ERROR, {iid: infra_entry("sandbox_unavailable")}, reason=f"sandbox: {e}")
     except OSError as e:
         logger.error(f"I/O error for {iid}: {e}\n{traceback.format_exc()}")
-        return verdict(EvalOutcome.INFRA_ERROR, reason=f"io: {e}")
+        return verdict(EvalOutcome.INFRA_ERROR, {iid: infra_entry("io_error")}, reason=f"io: {e}")
     finally:
         if sandbox is not None:
             sandbox.close()

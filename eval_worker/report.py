@@ -10,16 +10,13 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
-import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from swebench.harness.reporting import make_run_report
 
+from eval_worker.cwd import in_directory
 from eval_worker.layout import official_run_id
-
-_CWD_LOCK = threading.Lock()
 
 
 def _predictions_by_id(predictions) -> dict[str, dict]:
@@ -71,15 +68,10 @@ def write_run_report(
     logs_root = Path(logs_root).resolve()
     out_dir = Path(report_dir).resolve() if report_dir else logs_root
     run_id = official_run_id(run, attempt)
-    with _CWD_LOCK:
-        old = os.getcwd()
-        os.chdir(logs_root)
-        try:
-            sink = io.StringIO() if quiet else None
-            with contextlib.redirect_stdout(sink) if sink else contextlib.nullcontext():
-                path = make_run_report(preds, rows, run_id, client=None, report_dir=str(out_dir))
-        finally:
-            os.chdir(old)
+    with in_directory(logs_root):
+        sink = io.StringIO() if quiet else None
+        with contextlib.redirect_stdout(sink) if sink else contextlib.nullcontext():
+            path = make_run_report(preds, rows, run_id, client=None, report_dir=str(out_dir))
     return (out_dir / Path(path).name).resolve()
 
 

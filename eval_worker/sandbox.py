@@ -6,8 +6,8 @@ at /testbed, the patch is copied to /tmp/patch.diff, the eval script to /eval.sh
 onto a per-sandbox directory on this machine (no Docker): the repository is cloned from the job's
 repo_source (a git bundle or repository path) into <sandbox>/testbed, commands run as local
 processes with their own HOME, TMPDIR and GIT_CONFIG_GLOBAL, and the python/pytest on PATH are the
-worker's own (its virtualenv's). A Docker backend (the official sweb.eval.* images) comes later
-behind the same Protocol.
+worker's own (its virtualenv's). The docker backend (eval_worker.docker_backend) does not use this
+seam: it runs the official run_instance itself, in the instance image.
 
 Limitation of the process backend: container paths are rewritten in command text (outside heredoc
 bodies, so patches carried by the eval script are never touched); isolation is only a directory.
@@ -258,6 +258,12 @@ class ProcessBackend:
 
 
 __all__ = [
-    "ExecResult", "GradingBackend", "ProcessBackend", "ProcessSandbox", "Sandbox", "SandboxError",
-    "map_container_paths", "CONTAINER_WORKDIR",
+    "CONTAINER_WORKDIR",
+    "ExecResult",
+    "GradingBackend",
+    "ProcessBackend",
+    "ProcessSandbox",
+    "Sandbox",
+    "SandboxError",
+    "map_container_paths",
 ]

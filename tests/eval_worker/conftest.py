@@ -1,11 +1,18 @@
-"""Fixtures for the eval worker tests: the committed synthetic instances and demo policy."""
+"""Fixtures for the eval worker tests: the committed synthetic instances and demo policy, and a real
+Docker engine with the synthetic instances' eval images (built once per session, kept if present).
+
+Docker tests FAIL when CI=true and no engine can be started (scripts/docker.sh engine); without CI
+they skip with the reason.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import pytest
-from ew_helpers import SYNTH, load_instances
+from ew_helpers import ROOT, SYNTH, load_instances
 
 
 @pytest.fixture(scope="session")
@@ -16,3 +23,48 @@ def instances() -> dict[str, dict]:
 @pytest.fixture(scope="session")
 def demo_policy() -> dict:
     return json.loads((SYNTH / "demo_policy.json").read_text())
+
+
+def _ping():
+    import docker
+
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+        return client
+    except Exception:  # noqa: BLE001  (any failure means: no usable engine)
+        return None
+
+
+def _unavailable(reason: str):
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true and no Docker engine: {reason}")
+    pytest.skip(f"no Docker engine: {reason}")
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    client = _ping()
+    if client is None:
+        r = subprocess.run([str(ROOT / "scripts" / "docker.sh"), "engine"], capture_output=True, text=True,
+                           timeout=600, check=False)
+        client = _ping()
+        if client is None:
+            _unavailable(f"scripts/docker.sh engine exited {r.returncode}: {r.stderr[-500:]}")
+    from eval_worker.images import DEFAULT_BASE, local_image_id_or_none
+
+    if local_image_id_or_none(client, DEFAULT_BASE) is None:
+        r = subprocess.run([str(ROOT / "scripts" / "docker.sh"), "base"], capture_output=True, text=True,
+                           timeout=1200, check=False)
+        if r.returncode != 0:
+            _unavailable(f"base image {DEFAULT_BASE} could not be built: {r.stderr[-500:]}")
+    return client
+
+
+@pytest.fixture(scope="session")
+def eval_images(docker_client, instances) -> dict[str, str]:
+    """instance_id -> image id of its SWE-bench-shaped eval image (built if missing)."""
+    from eval_worker.images import build_images
+
+    built = build_images(list(instances.values()), repos_dir=SYNTH / "repos", client=docker_client)
+    return {b.instance_id: b.image_id for b in built}

@@ -12,7 +12,7 @@ import pytest
 from ew_helpers import make_job, patch_from_edits
 
 from contract.models import EvalOutcome, Verdict
-from eval_worker.grading import grade
+from eval_worker.grading import grade, infra_entry
 from eval_worker.layout import LOG_FILES, instance_log_dir, official_run_id
 from eval_worker.report import write_run_report
 from eval_worker.sandbox import GradingBackend, ProcessBackend, map_container_paths
@@ -211,7 +211,8 @@ def test_endless_test_times_out_and_group_is_killed(instances, tmp_path):
 def test_clone_failure_is_infra_error(instances, tmp_path):
     row = instances["evalplane__calc-1"]
     v = grade(make_job(row, repo_source=str(tmp_path / "missing.bundle")), row["patch"], tmp_path)
-    assert v.outcome is EvalOutcome.INFRA_ERROR and not v.resolved and v.report == {}
+    assert v.outcome is EvalOutcome.INFRA_ERROR and not v.resolved
+    assert v.report == infra_entry("sandbox_unavailable")  # official keys + v5 infra fields
     d = instance_log_dir(tmp_path, "run1", 1, "evalplane/demo-model", row["instance_id"])
     assert not (d / "report.json").exists()
     # a base commit the repository does not have: also ours, not the model's

@@ -1,0 +1,77 @@
+"""The `sim` launcher for the dispatch benchmark: tasks that send realistic result and ledger messages
+(10 calls each) to the run's results queue after a short simulated run, without running a harness."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+from contract import aws
+from contract.models import (
+    AttemptRef,
+    AttemptResult,
+    CallRecord,
+    Envelope,
+    HarnessOutcome,
+    LedgerBatch,
+    Totals,
+    utcnow,
+)
+from dispatcher.launchers.base import TaskHandle
+
+CALLS_PER_TASK = 10
+
+
+def messages(ref: AttemptRef, pool: str, model: str, rng: random.Random) -> list[str]:
+    rows = []
+    start = utcnow() - timedelta(seconds=60)
+    for seq in range(1, CALLS_PER_TASK + 1):
+        inp, cached, out = rng.randint(500, 4000), rng.randint(0, 30000), rng.randint(50, 800)
+        rows.append(CallRecord(
+            run=ref.run, instance_id=ref.instance_id, attempt=ref.attempt, seq=seq, pool=pool, provider="anthropic",
+            model=model, route="/v1/messages", stream=True, started_at=start + timedelta(seconds=6 * seq),
+            input_tokens=inp, cached_tokens=cached, cache_write_tokens=rng.randint(0, 500), output_tokens=out,
+            cost_usd=round(inp * 3e-6 + cached * 3e-7 + out * 1.5e-5, 9), latency_ms=rng.uniform(800, 9000),
+            pacer_wait_ms=rng.uniform(0, 50), retries=rng.choice((0, 0, 0, 1)), http_status=200, outcome="ok",
+            raw_usage={"input_tokens": inp, "cache_read_input_tokens": cached, "output_tokens": out},
+        ))
+    result = AttemptResult(
+        ref=ref, harness="mini-swe-agent", pool=pool, model=model, outcome=HarnessOutcome.SUBMITTED,
+        ledger_calls=len(rows), totals=Totals.of(rows), started_at=start, ended_at=utcnow(),
+    )
+    return [Envelope(msg=LedgerBatch(ref=ref, rows=rows)).model_dump_json(), Envelope(msg=result).model_dump_json()]
+
+
+class SimLauncher:
+    """Each task: sleep a little (its 'run'), then one SendMessageBatch of its ledger batch and its result."""
+
+    def __init__(self, results_queue_url: str, pool: str, model: str, task_s: float = 0.5, threads: int = 16):
+        self.queue, self.pool_name, self.model, self.task_s = results_queue_url, pool, model, task_s
+        self.exec = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="simtask")
+        self.done: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self.launched = 0
+
+    def _task(self, ref: AttemptRef, task_id: str) -> None:
+        rng = random.Random(task_id)
+        time.sleep(self.task_s * rng.uniform(0.5, 1.5))
+        bodies = messages(ref, self.pool_name, self.model, rng)
+        aws.client("sqs").send_message_batch(
+            QueueUrl=self.queue, Entries=[{"Id": str(i), "MessageBody": b} for i, b in enumerate(bodies)])
+        with self.lock:
+            self.done[task_id] = 0
+
+    def launch(self, ref: AttemptRef, job_uri: str) -> TaskHandle:
+        task_id = f"sim-{ref.instance_id}-{ref.attempt}"
+        self.launched += 1
+        self.exec.submit(self._task, ref, task_id)
+        return TaskHandle(ref=ref, task_id=task_id)
+
+    def poll(self, handle: TaskHandle) -> int | None:
+        return self.done.get(handle.task_id)
+
+    def stop(self, handle: TaskHandle) -> None:
+        pass
