@@ -18,7 +18,7 @@ from dispatcher.resources import RunResources
 from dispatcher.writer import ResultsWriter
 
 
-@ray.remote(max_restarts=-1, max_task_retries=-1)
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class ResultsWriterActor:
     """Consumes one run's results queue until stopped; its counters show in the dashboard."""
 
@@ -47,7 +47,7 @@ class ResultsWriterActor:
         return self.state()
 
 
-@ray.remote(max_restarts=-1, max_task_retries=-1)
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class PoolPacer:
     """Owns one pool's limits: reloads its state from Valkey on (re)start, adapts, mirrors to the shims' key.
 

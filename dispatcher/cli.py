@@ -12,7 +12,7 @@ from rich.console import Console
 
 from contract import db
 from dispatcher import localstack
-from dispatcher.plan import Plan, make_plan
+from dispatcher.plan import Plan, apply_validation, make_plan
 from dispatcher.spec import SpecError, load_spec
 
 EXIT_SPEC = 2
@@ -49,6 +49,15 @@ def cmd_run(args, out: Console, err: Console) -> int:
     plan = _plan(args.spec, err)
     if plan is None:
         return EXIT_SPEC
+    try:
+        with db.connect() as conn:
+            db.migrate(conn)
+            plan, warnings = apply_validation(plan, conn, args.spec)
+    except SpecError as e:
+        err.print(f"[bold red]refused:[/] {e}", soft_wrap=True)
+        return EXIT_SPEC
+    for w in warnings:
+        err.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
     try:
         state = execute(plan, _valkey_url(), err)
     except RunConflict as e:

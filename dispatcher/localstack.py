@@ -64,6 +64,11 @@ def ensure_moto() -> str:
     return endpoint
 
 
+def aws_env() -> dict[str, str]:
+    """The AWS settings every process of a run needs (credentials for moto, endpoints, region)."""
+    return {k: v for k, v in os.environ.items() if k in LOCAL_AWS_ENV or k.startswith("AWS_ENDPOINT_URL")}
+
+
 def stop_moto() -> bool:
     pidfile = state_dir() / "moto.pid"
     if not pidfile.exists():

@@ -67,3 +67,28 @@ def make_plan(spec: Spec, spec_file: str = "spec.toml") -> Plan:
 
 def spec_json(spec: Spec) -> str:
     return json.dumps(json.loads(spec.model_dump_json()), sort_keys=True)
+
+
+def apply_validation(plan: Plan, conn, spec_file: str = "spec.toml") -> tuple[Plan, list[str]]:
+    """eval.require_validated: keep, exclude (with a warning each) or refuse instances whose image has no valid
+    gold validation record (eval_worker's image_validations)."""
+    policy = plan.spec.eval.require_validated
+    if policy == "off":
+        return plan, []
+    from eval_worker.records import validated
+
+    records = validated(conn, list(plan.rows.values()), backend=None)
+    bad = {iid: ("never validated" if rec is None else f"invalid: {rec.reason}")
+           for iid, rec in records.items() if rec is None or not rec.valid}
+    if not bad:
+        return plan, []
+    lines = [f"{iid} ({plan.rows[iid]['image']}): {why}" for iid, why in sorted(bad.items())]
+    if policy == "refuse" or len(bad) == len(plan.rows):
+        raise SpecError(spec_file, [SpecProblem(
+            path="eval.require_validated",
+            message=f"{len(bad)} instance image(s) without a valid gold validation: " + "; ".join(lines[:10]),
+        )])
+    rows = {k: v for k, v in plan.rows.items() if k not in bad}
+    kept = Plan(spec=plan.spec, rows=rows, repo_sources={k: v for k, v in plan.repo_sources.items() if k in rows},
+                refs=[r for r in plan.refs if r.instance_id in rows])
+    return kept, [f"excluded {line}" for line in lines]

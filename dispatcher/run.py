@@ -13,6 +13,7 @@ import os
 import secrets
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,6 +121,21 @@ def make_job(plan: Plan, res: RunResources, ref: AttemptRef, upstream_url: str, 
     )
 
 
+def make_launcher(plan: Plan, run_dir: Path, task_env: dict[str, str], key: str, upstream: str, valkey_url: str):
+    """The local launchers: a subprocess per task, or a container per task behind the egress."""
+    spec = plan.spec
+    if spec.backend.launcher == "process":
+        return ProcessLauncher(run_dir / "tasks", task_env)
+    from dispatcher.launchers.docker import DockerLauncher
+
+    aws_env = localstack.aws_env()
+    endpoints = sorted({v for k, v in aws_env.items() if k.startswith("AWS_ENDPOINT_URL")})
+    env = {k: v for k, v in aws_env.items()} | {UPSTREAM_KEY_ENV: key, "EVALPLANE_STATE_DIR": "/tmp/evalplane"}
+    bundles = sorted({str(Path(p).parent) for p in plan.repo_sources.values()})
+    return DockerLauncher(env, [upstream, valkey_url, *endpoints], image=spec.backend.harness_image,
+                          log_dir=run_dir / "tasks", mounts=bundles)
+
+
 def land_attempt(res: RunResources, plan: Plan, ref: AttemptRef, outcome: HarnessOutcome, why: str) -> None:
     """Land an attempt that no task will report on (exactly one row, through the writer like any other)."""
     now = utcnow()
@@ -161,12 +177,14 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
                 raise RuntimeError(f"model.api_key_env: environment variable {spec.model.api_key_env} is not set")
         else:
             upstream, key = services.simulator(simulator_args(plan, run_dir), "sk-sim-" + secrets.token_hex(16))
-        aws_env = {k: os.environ[k] for k in (*localstack.LOCAL_AWS_ENV, "AWS_ENDPOINT_URL") if k in os.environ}
+        aws_env = localstack.aws_env()
         task_env = local_task_env({**aws_env, UPSTREAM_KEY_ENV: key, "EVALPLANE_STATE_DIR": str(localstack.state_dir()),
                                    "DATABASE_URL": db.database_url(), "VALKEY_URL": valkey_url})
-        worker_env = local_task_env({**aws_env, "EVALPLANE_STATE_DIR": str(localstack.state_dir())})
-        workers = services.eval_workers(plan.spec.eval.workers, ["--queue", res.eval_queue_url, "--logs-root",
-                                                                 str(run_dir / "eval")], worker_env)
+        worker_env = local_task_env({**aws_env, "EVALPLANE_STATE_DIR": str(localstack.state_dir()),
+                                     "DATABASE_URL": db.database_url()})
+        workers = services.eval_workers(plan.spec.eval.workers, [
+            "--queue", res.eval_queue_url, "--logs-root", str(run_dir / "eval"), "--backend", spec.eval.backend],
+            worker_env)
 
         ray_init(spec.backend.dashboard, aws_env)
         writer = ResultsWriterActor.options(name=f"results-writer:{run}", namespace="evalplane",
@@ -176,9 +194,10 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
             spec.pool, valkey_url, {"rpm": spec.model.rpm, "itpm": spec.model.itpm, "otpm": spec.model.otpm})
         ray.get(pacer.tick.remote())
 
-        launcher = ProcessLauncher(run_dir / "tasks", task_env)
+        launcher = make_launcher(plan, run_dir, task_env, key, upstream, valkey_url)
+        task_upstream, task_valkey = launcher.task_url(upstream), launcher.task_url(valkey_url)
         loop = DriverLoop(plan, res, conn, valkey, launcher, pacer,
-                          lambda ref: make_job(plan, res, ref, upstream, valkey_url))
+                          lambda ref: make_job(plan, res, ref, task_upstream, task_valkey))
         progress = Progress(console, run, len(plan.refs))
         while not loop.step(progress):
             for w in workers:
@@ -216,6 +235,8 @@ class DriverLoop:
         self.limits: dict[str, int] = {}
         self._next_plan = 0.0
         self.cancel_sent: set[AttemptRef] = set()
+        self.pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="jobdocs")
+        self._cursor = 0
 
     def step(self, progress: Progress | None = None) -> bool:
         run = self.plan.spec.run.name
@@ -232,18 +253,40 @@ class DriverLoop:
         if now >= self._next_plan:
             self._resize(landed)
             self._next_plan = now + self.PLAN_EVERY_S
-        active = sum(1 for t in self.running.values() if t.exit_code is None)
-        for ref in self.plan.refs:
-            if active >= self.target:
-                break
-            if (ref.instance_id, ref.attempt) in landed or ref in self.running:
-                continue
-            if self.valkey.exists(keys.progress(ref)):
-                continue  # a task from an earlier dispatcher is still alive: wait for it
-            aws.put_text(self.res.job_uri(ref), self.make_job_doc(ref).model_dump_json())
-            self.running[ref] = Running(handle=self.launcher.launch(ref, self.res.job_uri(ref)), started=now)
-            active += 1
+        self._launch(landed, now)
         return False
+
+    def _launch(self, landed: dict, now: float) -> None:
+        """Up to the target: job documents first (written in parallel), then one task per attempt."""
+        room = self.target - sum(1 for t in self.running.values() if t.exit_code is None)
+        batch: list[AttemptRef] = []
+        for ref in self._pending(landed):
+            if len(batch) >= room:
+                break
+            batch.append(ref)
+        if not batch:
+            return
+        with self.valkey.pipeline(transaction=False) as p:
+            for r in batch:
+                p.exists(keys.progress(r))
+            live = p.execute()
+        batch = [r for r, is_live in zip(batch, live) if not is_live]  # an earlier dispatcher's task: wait for it
+        docs = [(self.res.job_uri(r), self.make_job_doc(r).model_dump_json()) for r in batch]
+        list(self.pool.map(lambda d: aws.put_text(*d), docs))
+        for ref in batch:
+            self.running[ref] = Running(handle=self.launcher.launch(ref, self.res.job_uri(ref)), started=now)
+
+    def _pending(self, landed: dict):
+        """Attempts without a row and without a task of ours, in plan order (a cursor, not a rescan)."""
+        while self._cursor < len(self.plan.refs):
+            ref = self.plan.refs[self._cursor]
+            if (ref.instance_id, ref.attempt) in landed or ref in self.running:
+                self._cursor += 1
+                continue
+            break
+        for ref in self.plan.refs[self._cursor:]:
+            if (ref.instance_id, ref.attempt) not in landed and ref not in self.running:
+                yield ref
 
     def _reap(self, landed: dict, now: float) -> None:
         wall = self.plan.spec.budget.wall_time_s

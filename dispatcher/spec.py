@@ -91,7 +91,9 @@ class BudgetSpec(Strict):
 class BackendSpec(Strict):
     kind: Literal["local", "aws"] = "local"
     concurrency: int = Field(4, ge=1, le=20000)
-    launcher: Literal["process"] = "process"
+    launcher: Literal["process", "docker"] = Field(
+        "process", description="local: a subprocess per task, or a container per task on the local Docker engine")
+    harness_image: str = Field("evalplane/harness:dev", description="the task image (launcher docker)")
     stack_outputs: str | None = Field(None, description="`pulumi stack output --json` file (backend aws)")
     dashboard: bool = Field(False, description="Start the Ray dashboard with the local Ray cluster")
 
@@ -103,7 +105,10 @@ class BackendSpec(Strict):
 
 
 class EvalSpec(Strict):
-    backend: Literal["process"] = "process"
+    backend: Literal["process", "docker"] = Field(
+        "process", description="docker: the official run_instance in the instance image (official results)")
+    require_validated: Literal["off", "exclude", "refuse"] = Field(
+        "off", description="instances whose image has no valid gold validation: run anyway, exclude, or refuse")
     workers: int = Field(1, ge=1, le=1000)
     timeout_s: float = Field(1800, gt=0)
 

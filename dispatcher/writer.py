@@ -39,6 +39,13 @@ _CALL_COLUMNS = (
 )
 
 
+_ATTEMPT_COLUMNS = (
+    "run", "instance_id", "attempt", "harness", "pool", "model", "outcome", "status", "patch_uri", "patch_bytes",
+    "trajectory_uri", "calls", "input_tokens", "cached_tokens", "cache_write_tokens", "output_tokens", "cost_usd",
+    "wall_time_s", "started_at", "ended_at", "error",
+)
+
+
 def _call_row(r: CallRecord) -> tuple:
     d = r.model_dump()
     d["raw_usage"] = Jsonb(d["raw_usage"]) if d["raw_usage"] is not None else None
@@ -74,10 +81,11 @@ class ResultsWriter:
             rows = [_call_row(r) for m in messages if isinstance(m.msg, LedgerBatch) for r in m.msg.rows]
             if rows:
                 self._copy_calls(cur, rows)
+            results = [m.msg for m in messages if isinstance(m.msg, AttemptResult)]
+            if results:
+                ready = self._land_attempts(cur, results)
             for m in messages:
-                if isinstance(m.msg, AttemptResult) and self._land_attempt(cur, m.msg):
-                    ready.append(m.msg.ref)
-                elif isinstance(m.msg, Verdict):
+                if isinstance(m.msg, Verdict):
                     self._land_verdict(cur, m.msg)
         for m in messages:
             self.landed[m.msg.kind] += 1
@@ -93,31 +101,40 @@ class ResultsWriter:
                 copy.write_row(row)
         cur.execute("INSERT INTO calls SELECT * FROM calls_stage ON CONFLICT (call_id) DO NOTHING")
 
-    def _land_attempt(self, cur, r: AttemptResult) -> bool:
-        if r.outcome is HarnessOutcome.CANCELLED:
-            status = AttemptStatus.CANCELLED  # never graded
-        else:
-            status = AttemptStatus.PATCH_READY if r.patch_bytes > 0 else AttemptStatus.EMPTY_PATCH
-        cur.execute(
-            """INSERT INTO attempts (run, instance_id, attempt, harness, pool, model, outcome, status, patch_uri,
-                   patch_bytes, trajectory_uri, calls, input_tokens, cached_tokens, cache_write_tokens, output_tokens,
-                   cost_usd, wall_time_s, started_at, ended_at, error)
-               VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)
-               ON CONFLICT (run, instance_id, attempt) DO NOTHING RETURNING status""",
-            (r.ref.run, r.ref.instance_id, r.ref.attempt, r.harness, r.pool, r.model, r.outcome.value, status.value,
-             r.patch_uri, r.patch_bytes, r.trajectory_uri, r.totals.calls, r.totals.input_tokens,
-             r.totals.cached_tokens, r.totals.cache_write_tokens, r.totals.output_tokens, r.totals.cost_usd,
-             (r.ended_at - r.started_at).total_seconds(), r.started_at, r.ended_at, r.error),
-        )
-        if cur.fetchone() is None:
-            return False  # already landed: a redelivery
-        cur.execute(
-            "INSERT INTO phases (run, instance_id, attempt, phase, started_at, ended_at, outcome, detail)"
-            " VALUES (%s,%s,%s,'harness',%s,%s,%s,%s) ON CONFLICT DO NOTHING",
-            (r.ref.run, r.ref.instance_id, r.ref.attempt, r.started_at, r.ended_at, r.outcome.value,
-             Jsonb({"ledger_calls": r.ledger_calls, "error": r.error})),
-        )
-        return status is AttemptStatus.PATCH_READY
+    @staticmethod
+    def _land_attempts(cur, results: list[AttemptResult]) -> list[AttemptRef]:
+        """All of a batch's attempt rows in three statements: COPY to staging, then one INSERT .. ON CONFLICT DO
+        NOTHING whose RETURNING feeds the harness phase rows; returns the attempts that became PATCH_READY."""
+        cur.execute("CREATE TEMP TABLE IF NOT EXISTS attempts_stage"
+                    " (LIKE attempts INCLUDING DEFAULTS, detail jsonb) ON COMMIT DELETE ROWS")
+        with cur.copy(f"COPY attempts_stage ({', '.join(_ATTEMPT_COLUMNS)}, detail) FROM STDIN") as copy:
+            for r in results:
+                if r.outcome is HarnessOutcome.CANCELLED:
+                    status = AttemptStatus.CANCELLED  # never graded
+                else:
+                    status = AttemptStatus.PATCH_READY if r.patch_bytes > 0 else AttemptStatus.EMPTY_PATCH
+                copy.write_row((
+                    r.ref.run, r.ref.instance_id, r.ref.attempt, r.harness, r.pool, r.model, r.outcome.value,
+                    status.value, r.patch_uri, r.patch_bytes, r.trajectory_uri, r.totals.calls, r.totals.input_tokens,
+                    r.totals.cached_tokens, r.totals.cache_write_tokens, r.totals.output_tokens, r.totals.cost_usd,
+                    (r.ended_at - r.started_at).total_seconds(), r.started_at, r.ended_at, r.error,
+                    Jsonb({"ledger_calls": r.ledger_calls, "error": r.error}),
+                ))
+        cols = ", ".join(_ATTEMPT_COLUMNS)
+        cur.execute(f"""
+            WITH ins AS (
+                INSERT INTO attempts ({cols}) SELECT DISTINCT ON (run, instance_id, attempt) {cols}
+                FROM attempts_stage ON CONFLICT (run, instance_id, attempt) DO NOTHING
+                RETURNING run, instance_id, attempt, status, outcome, started_at, ended_at
+            ), ph AS (
+                INSERT INTO phases (run, instance_id, attempt, phase, started_at, ended_at, outcome, detail)
+                SELECT DISTINCT ON (i.run, i.instance_id, i.attempt)
+                       i.run, i.instance_id, i.attempt, 'harness', i.started_at, i.ended_at, i.outcome, s.detail
+                FROM ins i JOIN attempts_stage s USING (run, instance_id, attempt)
+                ON CONFLICT DO NOTHING
+            )
+            SELECT run, instance_id, attempt FROM ins WHERE status = 'PATCH_READY'""")
+        return [AttemptRef(run=r, instance_id=i, attempt=a) for r, i, a in cur.fetchall()]
 
     def _land_verdict(self, cur, v: Verdict) -> None:
         status = _VERDICT_STATUS.get(v.outcome, AttemptStatus.EVAL_ERROR)
@@ -171,10 +188,16 @@ class ResultsWriter:
 
     # ------------------------------------------------------------ the loop
 
-    def poll_once(self, wait_s: int = 1) -> int:
+    def poll_once(self, wait_s: int = 1, max_receives: int = 5) -> int:
+        """Receive up to max_receives x 10 messages (waiting only for the first ten), land them in one transaction."""
         sqs = aws.client("sqs")
-        got = sqs.receive_message(QueueUrl=self.res.results_queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=wait_s)
-        msgs = got.get("Messages", [])
+        msgs: list[dict] = []
+        for i in range(max_receives):
+            got = sqs.receive_message(QueueUrl=self.res.results_queue_url, MaxNumberOfMessages=10,
+                                      WaitTimeSeconds=wait_s if i == 0 else 0).get("Messages", [])
+            msgs += got
+            if len(got) < 10:
+                break
         if not msgs:
             return 0
         envelopes, bad = [], []
@@ -187,10 +210,10 @@ class ResultsWriter:
         ready = self.land(envelopes)
         self.enqueue_eval(ready)
         good = [m for m in msgs if m not in bad]
-        if good:
+        for i in range(0, len(good), 10):
             sqs.delete_message_batch(
                 QueueUrl=self.res.results_queue_url,
-                Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(good)],
+                Entries=[{"Id": str(j), "ReceiptHandle": m["ReceiptHandle"]} for j, m in enumerate(good[i:i + 10])],
             )
         return len(good)
 

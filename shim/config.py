@@ -42,6 +42,10 @@ class ShimConfig(BaseModel):
     backoff_cap_s: float = Field(30.0, ge=0)
     max_retry_after_s: float = Field(60.0, ge=0)  # a longer retry-after is clipped to this
 
+    # pool pacing (GCRA in Valkey against contract.keys.pool_limits; only with valkey_url)
+    pacer_burst_s: float = Field(60.0, gt=0)  # seconds of a limit usable at once (providers' buckets hold 60)
+    pacer_max_wait_s: float = Field(60.0, gt=0)  # book at most this far ahead; beyond, sleep then book
+
     # timeouts
     connect_timeout_s: float = 10.0
     sock_read_timeout_s: float = 120.0
@@ -50,4 +54,5 @@ class ShimConfig(BaseModel):
     hold_ttl_s: float = Field(1800.0, gt=0)  # a budget hold not settled by then is released
     shutdown_timeout_s: float = 5.0  # grace for in-flight calls on SIGTERM
     sqs_flush_timeout_s: float = 30.0  # how long shutdown keeps retrying SQS sends
+    max_body_bytes: int = Field(32 << 20, ge=1024)  # larger requests get 413 (Anthropic's own limit is 32 MB)
     max_stream_buffer_bytes: int = 1 << 20  # pre-content buffer (for transparent retries)

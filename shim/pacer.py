@@ -1,35 +1,246 @@
-"""The seam for pool pacing (GCRA admission against pool limits; a later issue).
+"""Pool pacing: GCRA admission in Valkey over all of a pool's limits at once (rpm, itpm, otpm).
 
-The shim calls `admit` before each upstream attempt and `settle` after it with the actual usage.
-`NoopPacer` admits at once; a Valkey GCRA pacer (contract.keys.pool_pacer) will slot in here.
+Why GCRA over a hash: one atomic script checks every dimension and books them all-or-nothing; the
+state is one timestamp (TAT, ms) per dimension, so a crashed shim leaks nothing (its booking decays
+by itself), and a refusal returns the exact wait, so a caller sleeps once instead of polling.
+
+Valkey layout (both keys share the pool's hash tag, so one script touches one shard):
+  contract.keys.pool_limits(pool)  hash rpm, itpm, otpm: per-minute limits, written by the dispatcher's
+                                   PoolPacer and read inside the script on every admission (a missing or
+                                   non-positive field = that dimension is unlimited)
+  contract.keys.pool_pacer(pool)   hash rpm, itpm, otpm: TAT per dimension (ms, float; the moment the
+                                   dimension's bucket is full again); until: no admission before this (ms),
+                                   set by a provider 429's retry-after. PEXPIREd once every TAT is past.
+  contract.keys.pool_discovered(pool)  THROTTLED_FIELD is HINCRBY'd on every upstream 429.
+
+ADMIT  KEYS = [pacer, limits]; ARGV = [burst_ms, max_wait_ms, cost_rpm, cost_itpm, cost_otpm]
+  Per limited dimension i: T_i = 60000 / limit_i ms per unit; B_i = max(burst_ms, cost_i * T_i) (a call
+  bigger than the burst goes when the bucket is full); earliest start s_i = max(now, tat_i + cost_i*T_i - B_i).
+  s = max(now, until, max_i s_i); wait = s - now. If wait > max_wait_ms: returns {0, wait} and books
+  nothing. Else books tat_i = max(tat_i, s) + cost_i*T_i for every limited dimension and returns {1, wait}:
+  the caller sleeps `wait` ms once and goes; its capacity is already reserved.
+SETTLE KEYS = [pacer, limits]; ARGV = [delta_itpm, delta_otpm] (actual - reserved, units)
+  Refund (delta < 0): tat = max(tat + delta*T, now), so a refund never makes a bucket fuller than full.
+  Charge (delta > 0): tat = max(tat, now) + delta*T.
+THROTTLE KEYS = [pacer, limits, discovered]; ARGV = [retry_after_ms, burst_ms, dimension or '', field]
+  until = max(until, now + retry_after); the named dimension (or every limited one when the 429 does not
+  say) is emptied at that moment: tat = max(tat, now + retry_after + burst_ms). HINCRBY discovered field 1.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from contract import keys
 from contract.models import Usage
 
+log = logging.getLogger("shim.pacer")
 
-@dataclass(frozen=True, slots=True)
+DIMENSIONS = ("rpm", "itpm", "otpm")
+
+ADMIT_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local lim = redis.call('HMGET', KEYS[2], 'rpm', 'itpm', 'otpm')
+local st = redis.call('HMGET', KEYS[1], 'rpm', 'itpm', 'otpm', 'until')
+local burst = tonumber(ARGV[1])
+local s = now
+local u = tonumber(st[4])
+if u and u > s then s = u end
+local names = {'rpm', 'itpm', 'otpm'}
+local per, cost, tat = {}, {}, {}
+for i = 1, 3 do
+  local l = tonumber(lim[i])
+  cost[i] = tonumber(ARGV[2 + i])
+  if l and l > 0 and cost[i] > 0 then
+    per[i] = 60000 / l
+    tat[i] = tonumber(st[i]) or now
+    local need = cost[i] * per[i]
+    local b = burst
+    if need > b then b = need end
+    local si = tat[i] + need - b
+    if si > s then s = si end
+  end
+end
+local wait = s - now
+if wait > tonumber(ARGV[2]) then return {0, math.ceil(wait)} end
+local hi = s
+for i = 1, 3 do
+  if per[i] then
+    local base = tat[i]
+    if s > base then base = s end
+    local nt = base + cost[i] * per[i]
+    redis.call('HSET', KEYS[1], names[i], tostring(nt))
+    if nt > hi then hi = nt end
+  end
+end
+if hi > now then redis.call('PEXPIRE', KEYS[1], math.ceil(hi - now) + 60000) end
+return {1, math.ceil(wait)}
+"""
+
+SETTLE_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local lim = redis.call('HMGET', KEYS[2], 'itpm', 'otpm')
+local st = redis.call('HMGET', KEYS[1], 'itpm', 'otpm')
+local fields = {'itpm', 'otpm'}
+local hi = 0
+for i = 1, 2 do
+  local l = tonumber(lim[i])
+  local d = tonumber(ARGV[i])
+  if l and l > 0 and d ~= 0 then
+    local per = 60000 / l
+    local tat = tonumber(st[i]) or now
+    local nt
+    if d < 0 then
+      nt = tat + d * per
+      if nt < now then nt = now end
+    else
+      nt = tat
+      if now > nt then nt = now end
+      nt = nt + d * per
+    end
+    redis.call('HSET', KEYS[1], fields[i], tostring(nt))
+    if nt > hi then hi = nt end
+  end
+end
+if hi > now then
+  local ttl = redis.call('PTTL', KEYS[1])
+  local want = math.ceil(hi - now) + 60000
+  if ttl < want then redis.call('PEXPIRE', KEYS[1], want) end
+end
+return 1
+"""
+
+THROTTLE_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local ra = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local at = now + ra
+local u = tonumber(redis.call('HGET', KEYS[1], 'until'))
+if not u or u < at then redis.call('HSET', KEYS[1], 'until', tostring(at)) end
+local names = {'rpm', 'itpm', 'otpm'}
+local lim = redis.call('HMGET', KEYS[2], 'rpm', 'itpm', 'otpm')
+local st = redis.call('HMGET', KEYS[1], 'rpm', 'itpm', 'otpm')
+for i = 1, 3 do
+  local l = tonumber(lim[i])
+  if l and l > 0 and (ARGV[3] == '' or ARGV[3] == names[i]) then
+    local tat = tonumber(st[i]) or now
+    if tat < at + burst then redis.call('HSET', KEYS[1], names[i], tostring(at + burst)) end
+  end
+end
+redis.call('PEXPIRE', KEYS[1], math.ceil(ra + burst) + 60000)
+return redis.call('HINCRBY', KEYS[3], ARGV[4], 1)
+"""
+
+
+@dataclass(slots=True)
 class PaceRequest:
+    """What one upstream attempt reserves: 1 request, its uncached input estimate, max_tokens of output."""
+
     pool: str
-    est_input_tokens: int  # uncached estimate
+    est_input_tokens: int  # what counts toward the pool's input limit (see Shim: provider rules)
     max_output_tokens: int
 
 
 class Pacer(Protocol):
     async def admit(self, req: PaceRequest) -> float:
-        """Wait until the pool can take the call; return the time waited in ms."""
+        """Wait until the pool can take the attempt; return the time waited in ms."""
 
-    async def settle(self, req: PaceRequest, actual: Usage | None, status: int, retry_after_s: float | None) -> None:
-        """Reconcile the reservation with what the call used (None: the attempt failed)."""
+    async def settle(self, req: PaceRequest, actual_input: int | None, actual_output: int | None) -> None:
+        """Reconcile the reservation with what the attempt used (None: refund nothing for that dimension)."""
+
+    async def throttled(self, req: PaceRequest, retry_after_s: float | None, dimension: str | None) -> None:
+        """A provider 429: hold the pool back and count it for the dispatcher's PoolPacer."""
 
 
 class NoopPacer:
     async def admit(self, req: PaceRequest) -> float:
         return 0.0
 
-    async def settle(self, req: PaceRequest, actual: Usage | None, status: int, retry_after_s: float | None) -> None:
+    async def settle(self, req: PaceRequest, actual_input: int | None, actual_output: int | None) -> None:
         return None
+
+    async def throttled(self, req: PaceRequest, retry_after_s: float | None, dimension: str | None) -> None:
+        return None
+
+
+class ValkeyPacer:
+    """GCRA in Valkey (see the module docstring); redis-py Script objects EVALSHA and reload on NOSCRIPT."""
+
+    def __init__(self, redis, pool: str, burst_s: float = 60.0, max_wait_s: float = 60.0,
+                 default_retry_after_s: float = 1.0, max_retry_after_s: float = 60.0):
+        self.keys = [keys.pool_pacer(pool), keys.pool_limits(pool)]
+        self.throttle_keys = [*self.keys, keys.pool_discovered(pool)]
+        self.burst_ms = burst_s * 1000.0
+        self.max_wait_ms = max_wait_s * 1000.0
+        self.default_ra_ms = default_retry_after_s * 1000.0
+        self.max_ra_ms = max_retry_after_s * 1000.0
+        self._admit = redis.register_script(ADMIT_LUA)
+        self._settle = redis.register_script(SETTLE_LUA)
+        self._throttle = redis.register_script(THROTTLE_LUA)
+
+    async def admit(self, req: PaceRequest) -> float:
+        waited = 0.0
+        args = [self.burst_ms, self.max_wait_ms, 1, max(req.est_input_tokens, 0), max(req.max_output_tokens, 0)]
+        while True:
+            ok, wait_ms = await self._admit(keys=self.keys, args=args)
+            wait_ms = float(wait_ms)
+            if int(ok) == 1:
+                if wait_ms > 0:
+                    await asyncio.sleep(wait_ms / 1000.0)
+                return waited + max(wait_ms, 0.0)
+            # too far ahead to book: sleep until it would fit in max_wait, then book (rare; no polling storm)
+            nap = max(wait_ms - self.max_wait_ms, 1.0)
+            await asyncio.sleep(nap / 1000.0)
+            waited += nap
+
+    @staticmethod
+    def settle_args(req: PaceRequest, actual_input: int | None, actual_output: int | None) -> list[int] | None:
+        """SETTLE's ARGV (actual - reserved), or None when there is nothing to reconcile."""
+        d_in = 0 if actual_input is None else actual_input - req.est_input_tokens
+        d_out = 0 if actual_output is None else actual_output - req.max_output_tokens
+        return [d_in, d_out] if d_in or d_out else None
+
+    async def settle(self, req: PaceRequest, actual_input: int | None, actual_output: int | None) -> None:
+        args = self.settle_args(req, actual_input, actual_output)
+        if args:
+            await self._settle(keys=self.keys, args=args)
+
+    async def throttled(self, req: PaceRequest, retry_after_s: float | None, dimension: str | None) -> None:
+        ra_ms = self.default_ra_ms if retry_after_s is None else retry_after_s * 1000.0
+        ra_ms = min(ra_ms, self.max_ra_ms)
+        await self._throttle(keys=self.throttle_keys,
+                             args=[ra_ms, self.burst_ms, dimension or "", keys.THROTTLED_FIELD])
+
+
+_DIM_HEADERS = (
+    ("anthropic-ratelimit-requests-remaining", "rpm"),
+    ("anthropic-ratelimit-input-tokens-remaining", "itpm"),
+    ("anthropic-ratelimit-output-tokens-remaining", "otpm"),
+    ("x-ratelimit-remaining-requests", "rpm"),
+    ("x-ratelimit-remaining-tokens", "itpm"),
+)
+
+
+def throttled_dimension(headers: Mapping[str, str] | None, body: bytes) -> str | None:
+    """Which pool dimension a 429 names, from the *-remaining headers at 0 or the error text; None = unknown."""
+    if headers:
+        for prefix in ("", "llm_provider-"):
+            for name, dim in _DIM_HEADERS:
+                v = headers.get(prefix + name)
+                if v is not None and v.strip() == "0":
+                    return dim
+    low = body[:2000].lower()
+    if b"output tokens per minute" in low or b"output_tokens" in low:
+        return "otpm"
+    if b"input tokens per minute" in low or b"tokens per min" in low:
+        return "itpm"
+    if b"requests per min" in low or b"requests per minute" in low:
+        return "rpm"
+    return None

@@ -53,6 +53,11 @@ class Progress:
                 log.warning("progress update failed: %s", type(e).__name__)
                 self._warned = True
 
+    def queue(self, pipe, fields: Mapping[str, object]) -> None:
+        """Add the progress update to a pipeline the caller executes (one round trip with the settles)."""
+        pipe.hset(self.key, mapping={k: ("" if v is None else str(v)) for k, v in fields.items()})
+        pipe.expire(self.key, keys.PROGRESS_TTL_S)
+
     async def discover(self, headers: Mapping[str, str], force: bool = False) -> None:
         if self.redis is None:
             return

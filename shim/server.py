@@ -23,7 +23,7 @@ from contract.models import CallRecord, Usage, utcnow
 from shim.caps import ATTEMPT_CAP, Budget, LocalBudget, ValkeyBudget, micro
 from shim.config import ShimConfig
 from shim.ledger import Ledger
-from shim.pacer import NoopPacer, Pacer, PaceRequest
+from shim.pacer import NoopPacer, Pacer, PaceRequest, ValkeyPacer, throttled_dimension
 from shim.progress import Progress
 from shim.retry import Backoff, retry_after_s
 from shim.wire import (
@@ -49,7 +49,8 @@ _HOP = frozenset(
     }
 )
 # content-encoding passes through with the bytes (auto_decompress=False; we ask for identity anyway)
-_DROP_UP = _HOP | {"authorization", "x-api-key", "accept-encoding", "cookie"}
+# content-encoding: aiohttp has already decoded the harness's body, and we send it as read
+_DROP_UP = _HOP | {"authorization", "x-api-key", "accept-encoding", "cookie", "content-encoding"}
 NO_RETRY = {"x-should-retry": "false"}
 
 
@@ -84,15 +85,23 @@ class Call:
     retries: int = 0
     pacer_wait_ms: float = 0.0
     payload_bytes: int = 0
+    max_out: int = 0
+    raws: list[dict[str, Any] | None] = field(default_factory=list)  # raw usage of each metered attempt
+    hold_id: str | None = None  # a budget hold to settle once the call is over
+    final_pace: tuple[PaceRequest, Usage | None] | None = None  # the last attempt's pacer settle, likewise
 
 
 class Shim:
-    def __init__(self, cfg: ShimConfig, upstream_key: str | None, pacer: Pacer | None = None):
+    def __init__(self, cfg: ShimConfig, upstream_key: str | None, pacer: Pacer | None = None, redis=None):
+        """`redis`: a shared redis.asyncio client (several shims in one process, as in tests); else own one."""
         self.cfg = cfg
         self._key = upstream_key or None
         self.upstream = cfg.upstream_url.rstrip("/")
         self.upstream = self.upstream.removesuffix("/v1")
         self.pacer: Pacer = pacer or NoopPacer()
+        self._own_pacer = pacer is None
+        self._shared_redis = redis
+        self.cache_share = 0.0  # cache-read share of the last metered prompt (Anthropic ITPM estimate)
         self.backoff = Backoff(cfg.backoff_base_s, cfg.backoff_cap_s, cfg.max_retry_after_s)
         self.price = self._load_price()
         self.ledger = Ledger(
@@ -125,7 +134,7 @@ class Shim:
             return None
 
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=self.cfg.max_body_bytes)
         app.router.add_get("/_shim/health", self.health)
         app.router.add_get("/_shim/status", self.status_handler)
         for kind, path in ROUTES.items():
@@ -142,7 +151,9 @@ class Shim:
 
     async def start(self) -> int:
         cfg = self.cfg
-        if cfg.valkey_url:
+        if self._shared_redis is not None:
+            self.redis = self._shared_redis
+        elif cfg.valkey_url:
             import redis.asyncio as aioredis
             from redis.backoff import ExponentialBackoff
             from redis.exceptions import ConnectionError as RConnErr
@@ -155,7 +166,11 @@ class Shim:
                 retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 4), retry_on_error=[RConnErr, RTimeout],
             )
             self.redis = aioredis.Redis(connection_pool=pool)
+        if self.redis is not None:
             self.budget = ValkeyBudget(self.redis, cfg.ref, cfg.limits.cost_usd, cfg.run_cost_usd, cfg.hold_ttl_s)
+            if self._own_pacer:
+                self.pacer = ValkeyPacer(self.redis, cfg.pool, cfg.pacer_burst_s, cfg.pacer_max_wait_s,
+                                         max_retry_after_s=cfg.max_retry_after_s)
         else:
             self.budget = LocalBudget(cfg.limits.cost_usd, cfg.run_cost_usd, cfg.hold_ttl_s)
         self.progress = Progress(self.redis, cfg.ref, cfg.pool)
@@ -204,7 +219,7 @@ class Shim:
             await self.progress.publish(self._progress_fields())
         if self.session is not None:
             await self.session.close()
-        if self.redis is not None:
+        if self.redis is not None and self._shared_redis is None:
             await self.redis.aclose()
         self.write_status()
         log.info("shim stopped: %d calls, %d ledger rows, %d sent", self.calls, self.ledger.rows, self.ledger.sent)
@@ -296,7 +311,6 @@ class Shim:
         return Call(kind=kind, route=route)
 
     def _finish(self, call: Call) -> None:
-        self.in_flight -= 1
         self.last_call_at = time.time()
         self.retries += call.retries
         row = self.ledger.append(
@@ -315,17 +329,58 @@ class Shim:
                  row.seq, call.route, "stream" if call.stream else "", call.http_status, call.outcome,
                  row.input_tokens, row.cached_tokens, row.cache_write_tokens, row.output_tokens, row.cost_usd,
                  row.retries, row.latency_ms)
-        if self.progress is not None:
-            task = asyncio.ensure_future(self.progress.publish(self._progress_fields()))
-            self._bg.add(task)
-            task.add_done_callback(self._bg.discard)
+        # settles and progress go to Valkey in one round trip, after the response (in_flight covers it)
+        task = asyncio.ensure_future(self._after(call, self._progress_fields()))
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+    async def _after(self, call: Call, fields: dict[str, Any]) -> None:
+        """Settle the budget hold and the last attempt's pacer booking, publish progress: one pipeline of
+        EVALSHAs (a script missing after a failover is reloaded by the Script object's own call)."""
+        try:
+            fallbacks = []
+            pipe = self.redis.pipeline(transaction=False) if self.redis is not None else None
+            if call.final_pace is not None:
+                pace, used = call.final_pace
+                a_in, a_out = (None, 0) if used is None else (self._limit_input(used), used.output_tokens)
+                if pipe is not None and isinstance(self.pacer, ValkeyPacer):
+                    args = self.pacer.settle_args(pace, a_in, a_out)
+                    if args:
+                        pipe.evalsha(self.pacer._settle.sha, 2, *self.pacer.keys, *args)
+                        fallbacks.append(lambda: self.pacer.settle(pace, a_in, a_out))
+                else:
+                    await self.pacer.settle(pace, a_in, a_out)
+            if call.hold_id is not None:
+                amount = micro(call.cost)
+                if pipe is not None and isinstance(self.budget, ValkeyBudget):
+                    pipe.evalsha(self.budget._settle.sha, 4, *self.budget.keys, call.hold_id, amount)
+                    fallbacks.append(lambda: self.budget.settle(call.hold_id, amount))
+                else:
+                    await self.budget.settle(call.hold_id, amount)
+            if pipe is not None:
+                self.progress.queue(pipe, fields)
+                results = await pipe.execute(raise_on_error=False)
+                for res, again in zip(results, fallbacks):
+                    if isinstance(res, Exception):
+                        await again()
+        except Exception as e:  # holds and bookings expire by themselves; the ledger is the record
+            log.error("settle/progress after call failed: %s", type(e).__name__)
+        finally:
+            self.in_flight -= 1
 
     # ------------------------------------------------------------ the call
 
     async def _handle(self, request: web.Request, call: Call) -> web.StreamResponse:
         if not self._authorized(request):
             return self._local_error(call, 401, "authentication_error", "invalid local token", "unauthorized")
-        raw = await request.read()
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._local_error(call, 413, "request_too_large",
+                                     f"request body exceeds {self.cfg.max_body_bytes} bytes", "bad_request")
+        except web.HTTPException as e:  # a body aiohttp could not decode (e.g. bad content-encoding)
+            return self._local_error(call, 400, "invalid_request_error", f"unreadable request body: {e.reason}",
+                                     "bad_request")
         try:
             body = json.loads(raw)
         except ValueError:
@@ -375,14 +430,24 @@ class Shim:
             self.turns -= 1
             scope = "attempt" if which == ATTEMPT_CAP else "run"
             return self._refuse(call, "budget_exceeded", f"the {scope} cost cap does not allow this call")
-        try:
-            pace = PaceRequest(self.cfg.pool, est_in, max_out)
-            return await self._forward(request, call, payload, pace)
-        finally:
-            try:
-                await self.budget.settle(hold_id, micro(call.cost))
-            except Exception as e:  # the hold expires on its own; spend is undercounted by this call
-                log.error("budget settle failed: %s", type(e).__name__)
+        call.max_out = max_out
+        call.hold_id = hold_id  # settled in _after, whatever happens from here on
+        return await self._forward(request, call, payload, self._pace_request(len(payload), max_out))
+
+    def _pace_request(self, nbytes: int, max_out: int) -> PaceRequest:
+        """What the pool is charged up front. The prompt estimate is ~4 bytes a token (settled later anyway).
+        Anthropic: only uncached input counts toward ITPM, estimated with the last call's cache-read share;
+        OpenAI: the whole prompt counts."""
+        prompt = (nbytes + 3) // 4
+        if self.cfg.provider == "anthropic":
+            prompt = int(prompt * (1.0 - self.cache_share))
+        return PaceRequest(self.cfg.pool, prompt, max_out)
+
+    def _limit_input(self, usage: Usage) -> int:
+        """Tokens of a call that count toward the pool's input limit, by the provider's rules."""
+        if self.cfg.provider == "anthropic":
+            return usage.input_tokens + usage.cache_write_tokens
+        return usage.input_tokens + usage.cached_tokens + usage.cache_write_tokens
 
     def _refuse(self, call: Call, reason: str, detail: str | None = None) -> web.Response:
         if self.stopped is None:
@@ -427,13 +492,15 @@ class Shim:
                 resp = await self.session.post(url, data=payload, headers=headers)
             except (aiohttp.ClientError, TimeoutError) as e:
                 last = _Retry(502, {}, self._err_json(call, f"upstream unreachable: {type(e).__name__}"))
-                await self.pacer.settle(pace, None, 0, None)
+                await self._pace_settle(pace, None)
                 continue
             try:
                 if resp.status != 200:
                     data = await resp.read()
+                    if resp.status == 429:
+                        await self._throttled(pace, resp.headers, data)
+                    await self._pace_settle(pace, None)
                     await self.progress.discover(resp.headers, force=resp.status == 429)
-                    await self.pacer.settle(pace, None, resp.status, retry_after_s(resp.headers))
                     if retryable_status(resp.status, data):
                         last = _Retry(resp.status, CIMultiDict(resp.headers), data, resp.content_type)
                         log.info("upstream %d (attempt %d), retrying", resp.status, attempt)
@@ -441,28 +508,45 @@ class Shim:
                     return self._pass(call, resp.status, resp.headers, data, "error")
                 await self.progress.discover(resp.headers)
                 if not call.stream:
-                    data = await resp.read()
-                    self._meter(call, usage_from_body(call.kind, data), estimated=False)
-                    await self.pacer.settle(pace, call.usage, 200, None)
+                    try:
+                        data = await resp.read()
+                    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as e:
+                        # the provider answered (and billed): meter the worst case, estimated
+                        used = self._account(call, None, True, est_output=call.max_out)
+                        await self._pace_settle(pace, used)
+                        last = _Retry(502, {}, self._err_json(call, f"upstream failed: {type(e).__name__}"))
+                        continue
+                    used = self._account(call, usage_from_body(call.kind, data), estimated=False)
+                    call.final_pace = (pace, used)
                     call.http_status = 200
                     return web.Response(status=200, body=data, headers=self._down_headers(resp.headers))
-                result = await self._stream(request, call, resp, payload)
+                result = await self._stream(request, call, resp, pace)
                 if isinstance(result, _Retry):
                     last = result
                     log.info("stream failed before content (attempt %d), retrying", attempt)
                     continue
-                await self.pacer.settle(pace, call.usage, 200, None)
                 return result
-            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as e:
-                if call.http_status:  # bytes already went to the harness: cannot retry
-                    raise
-                last = _Retry(502, {}, self._err_json(call, f"upstream failed: {type(e).__name__}"))
-                continue
             finally:
                 resp.close()
         assert last is not None
         log.warning("upstream exhausted after %d attempts (last %d)", self.cfg.max_attempts, last.status)
         return self._pass(call, last.status, last.headers, last.body, "upstream_exhausted")
+
+    async def _pace_settle(self, pace: PaceRequest, used: Usage | None) -> None:
+        """Settle an attempt with the pool: actual usage, or (failed) no output and the input kept."""
+        try:
+            if used is None:
+                await self.pacer.settle(pace, None, 0)
+            else:
+                await self.pacer.settle(pace, self._limit_input(used), used.output_tokens)
+        except Exception as e:  # a booking not refunded decays by itself
+            log.warning("pacer settle failed: %s", type(e).__name__)
+
+    async def _throttled(self, pace: PaceRequest, headers, body: bytes) -> None:
+        try:
+            await self.pacer.throttled(pace, retry_after_s(headers), throttled_dimension(headers, body))
+        except Exception as e:
+            log.warning("pacer throttle update failed: %s", type(e).__name__)
 
     def _err_json(self, call: Call, message: str) -> bytes:
         return json.dumps(error_body(call.kind, "api_error", message)).encode()
@@ -478,25 +562,45 @@ class Shim:
             h["Content-Type"] = "application/json"
         return web.Response(status=status, body=body, headers=h)
 
-    def _meter(self, call: Call, raw: dict[str, Any] | None, estimated: bool, est_output: int = 0) -> None:
+    def _account(self, call: Call, raw: dict[str, Any] | None, estimated: bool, est_output: int = 0) -> Usage:
+        """Meter one upstream attempt and add it to the call's row (a call's retries may each be billed)."""
         usage = normalise(call.kind, raw)
         if raw is None or estimated:
             estimated = True
             if raw is None or not (usage.input_tokens or usage.cached_tokens or usage.cache_write_tokens):
                 usage.input_tokens = (call.payload_bytes + 3) // 4
             usage.output_tokens = max(usage.output_tokens, est_output)
-        call.usage = usage
-        call.raw_usage = raw
-        call.estimated = estimated
-        call.cost = round(self.price.cost(usage), 9) if self.price else 0.0
+        self._add(call, usage, raw, estimated)
+        return usage
 
-    async def _stream(self, request: web.Request, call: Call, resp: aiohttp.ClientResponse, payload: bytes):
+    def _add(self, call: Call, usage: Usage, raw: dict[str, Any] | None, estimated: bool) -> None:
+        call.raws.append(raw)
+        call.usage = call.usage + usage
+        # the last attempt's usage verbatim; earlier billed attempts (retried after a cut) listed beside it
+        call.raw_usage = raw if len(call.raws) == 1 else {**(raw or {}), "evalplane_prior_attempts": call.raws[:-1]}
+        call.estimated = call.estimated or estimated
+        call.cost = round(call.cost + (self.price.cost(usage) if self.price else 0.0), 9)
+        prompt = usage.input_tokens + usage.cached_tokens + usage.cache_write_tokens
+        if not estimated and prompt:
+            self.cache_share = usage.cached_tokens / prompt
+
+    def _stream_usage(self, call: Call, meter: StreamMeter, complete: bool) -> Usage | None:
+        """Meter a stream attempt: its usage events, else an estimate if the provider may have billed it.
+        An error event before any usage or content is taken as not billed (nothing is recorded)."""
+        if meter.saw_usage:
+            return self._account(call, meter.raw, estimated=not complete, est_output=meter.delta_tokens)
+        if meter.error is not None and not meter.meaningful and not meter.delta_tokens:
+            return None
+        return self._account(call, None, estimated=True, est_output=meter.delta_tokens)
+
+    async def _stream(self, request: web.Request, call: Call, resp: aiohttp.ClientResponse, pace: PaceRequest):
         meter = StreamMeter(call.kind)
         split = SSESplitter()
         buffered: list[bytes] = []
         size = 0
         chunks = resp.content.iter_any()
         # 1. hold everything back until content starts, so that early failures can be retried
+        early: str | None = None
         try:
             async for chunk in chunks:
                 buffered.append(chunk)
@@ -508,11 +612,16 @@ class Shim:
                 if size > self.cfg.max_stream_buffer_bytes:
                     break
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as e:
-            return _Retry(502, {}, self._err_json(call, f"upstream stream failed: {type(e).__name__}"))
+            early = f"upstream stream failed: {type(e).__name__}"
+        if early is None and not (meter.meaningful or meter.done or meter.error
+                                  or size > self.cfg.max_stream_buffer_bytes):
+            early = "upstream stream ended before any content"
+        if early is not None:  # cut before content: retried, but what the provider billed is metered
+            await self._pace_settle(pace, self._stream_usage(call, meter, complete=False))
+            return _Retry(502, {}, self._err_json(call, early))
         if meter.error_before_content and retryable_stream_error(meter.error or {}):
+            await self._pace_settle(pace, self._stream_usage(call, meter, complete=False))
             return _Retry(529, {}, json.dumps(meter.error).encode())
-        if not (meter.meaningful or meter.done or meter.error or size > self.cfg.max_stream_buffer_bytes):
-            return _Retry(502, {}, self._err_json(call, "upstream stream ended before any content"))
 
         # 2. commit: from here on the harness has bytes and the call cannot be retried
         out = web.StreamResponse(status=200, headers=self._down_headers(resp.headers))
@@ -533,19 +642,16 @@ class Shim:
             cut = f"upstream stream failed: {type(e).__name__}"
         except asyncio.CancelledError:  # shutdown while streaming: meter what went through, then go
             call.outcome = "stream_error"
-            self._meter(call, meter.raw if meter.saw_usage else None, estimated=True,
-                        est_output=meter.delta_tokens)
+            self._stream_usage(call, meter, complete=False)
             raise
         if cut is None and meter.error is None and not meter.done:
             cut = "upstream stream ended early"
-        if cut is None and meter.error is None:
-            self._meter(call, meter.raw if meter.saw_usage else None, estimated=not meter.saw_usage,
-                        est_output=meter.delta_tokens)
+        complete = cut is None and meter.error is None
+        used = self._stream_usage(call, meter, complete=complete)
+        if complete:
             call.outcome = "ok"
         else:
             call.outcome = "stream_error"
-            self._meter(call, meter.raw if meter.saw_usage else None, estimated=True,
-                        est_output=meter.delta_tokens)
             if cut is not None:
                 log.warning("stream cut: %s", cut)
             if cut is not None and cut != "client disconnected":
@@ -558,6 +664,7 @@ class Shim:
             await out.write_eof()
         except (ConnectionError, RuntimeError):
             pass
+        call.final_pace = (pace, used)
         return out
 
     @staticmethod

@@ -42,14 +42,6 @@ def write_spec(tmp_path: Path, run: str, concurrency: int = 2) -> Path:
     return spec
 
 
-@pytest.fixture
-def env(tmp_path, database_url, valkey_url, moto_endpoint):
-    return os.environ | {
-        "DATABASE_URL": database_url, "VALKEY_URL": valkey_url, "AWS_ENDPOINT_URL": moto_endpoint,
-        "EVALPLANE_STATE_DIR": str(tmp_path / "state"), "RAY_USAGE_STATS_ENABLED": "0",
-    }
-
-
 def dispatcher(env, *args, timeout=400) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dispatcher", *args], env=env, capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)

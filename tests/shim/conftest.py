@@ -10,10 +10,25 @@ import time
 from contextlib import ExitStack
 
 import pytest
+import redis
 from shimtest import FAST_RETRIES, LOCAL_TOKEN, ROOT, UPSTREAM_KEY, ShimProc
 
 from simulator import SimulatorConfig
 from simulator.testing import running_simulator
+
+
+@pytest.fixture(autouse=True)
+def _valkey_cleanup(valkey_url, unique):
+    """Every shim test names its runs and pools after `unique`: drop their Valkey keys afterwards, so the
+    shared Valkey does not pile up test pools (autouse: set up first, so torn down after the shims die)."""
+    yield
+    r = redis.Redis.from_url(valkey_url)
+    try:
+        batch = [k for k in r.scan_iter(match=f"*{unique}*", count=1000)]
+        for i in range(0, len(batch), 500):
+            r.delete(*batch[i:i + 500])
+    finally:
+        r.close()
 
 
 @pytest.fixture
