@@ -117,7 +117,7 @@ def landing_ratio(db_url: str, sample: int) -> tuple[float, float, float]:
     atts = [(run, e.msg.ref.instance_id + "-copy", 1, "h", "p", "m", "submitted", "EMPTY_PATCH")
             for e in envs if e.msg.kind == "attempt_result"]
     with psycopg.connect(db_url) as c:
-        c.execute("CREATE TABLE calls_copy (LIKE calls)")
+        c.execute("CREATE TABLE calls_copy (LIKE calls INCLUDING ALL)")  # same keys and indexes as calls
         t = time.perf_counter()
         with c.cursor() as cur:
             with cur.copy(f"COPY calls_copy ({', '.join(_CALL_COLUMNS)}) FROM STDIN") as cp:

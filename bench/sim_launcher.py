@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
+import heapq
 import random
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 from contract import aws
@@ -46,28 +46,37 @@ def messages(ref: AttemptRef, pool: str, model: str, rng: random.Random) -> list
 
 
 class SimLauncher:
-    """Each task: sleep a little (its 'run'), then one SendMessageBatch of its ledger batch and its result."""
+    """Each task 'runs' for about task_s (a due time, not a sleeping thread), then sends its ledger batch and
+    its result in one SendMessageBatch, as a real task does at its end. A few sender threads play the tasks."""
 
-    def __init__(self, results_queue_url: str, pool: str, model: str, task_s: float = 0.5, threads: int = 16):
+    def __init__(self, results_queue_url: str, pool: str, model: str, task_s: float = 0.5, threads: int = 8):
         self.queue, self.pool_name, self.model, self.task_s = results_queue_url, pool, model, task_s
-        self.exec = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="simtask")
+        self.due: list[tuple[float, str, AttemptRef]] = []
+        self.cv = threading.Condition()
         self.done: dict[str, int] = {}
-        self.lock = threading.Lock()
         self.launched = 0
+        self.threads = [threading.Thread(target=self._sender, daemon=True) for _ in range(threads)]
+        for t in self.threads:
+            t.start()
 
-    def _task(self, ref: AttemptRef, task_id: str) -> None:
-        rng = random.Random(task_id)
-        time.sleep(self.task_s * rng.uniform(0.5, 1.5))
-        bodies = messages(ref, self.pool_name, self.model, rng)
-        aws.client("sqs").send_message_batch(
-            QueueUrl=self.queue, Entries=[{"Id": str(i), "MessageBody": b} for i, b in enumerate(bodies)])
-        with self.lock:
+    def _sender(self) -> None:
+        sqs = aws.client("sqs")
+        while True:
+            with self.cv:
+                while not self.due or self.due[0][0] > time.monotonic():
+                    self.cv.wait(timeout=None if not self.due else max(0.0, self.due[0][0] - time.monotonic()))
+                _, task_id, ref = heapq.heappop(self.due)
+            bodies = messages(ref, self.pool_name, self.model, random.Random(task_id))
+            sqs.send_message_batch(QueueUrl=self.queue,
+                                   Entries=[{"Id": str(i), "MessageBody": b} for i, b in enumerate(bodies)])
             self.done[task_id] = 0
 
     def launch(self, ref: AttemptRef, job_uri: str) -> TaskHandle:
         task_id = f"sim-{ref.instance_id}-{ref.attempt}"
         self.launched += 1
-        self.exec.submit(self._task, ref, task_id)
+        with self.cv:
+            heapq.heappush(self.due, (time.monotonic() + self.task_s * random.uniform(0.5, 1.5), task_id, ref))
+            self.cv.notify()
         return TaskHandle(ref=ref, task_id=task_id)
 
     def poll(self, handle: TaskHandle) -> int | None:
@@ -75,3 +84,6 @@ class SimLauncher:
 
     def stop(self, handle: TaskHandle) -> None:
         pass
+
+    def task_url(self, url: str) -> str:
+        return url

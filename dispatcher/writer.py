@@ -9,6 +9,7 @@ jobs that were committed but never sent.
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 
 import psycopg
@@ -46,10 +47,26 @@ _ATTEMPT_COLUMNS = (
 )
 
 
+_call_fields = operator.attrgetter(*_CALL_COLUMNS)
+_RAW_USAGE = _CALL_COLUMNS.index("raw_usage")
+
+
+_ATTEMPT_TYPES = ("text", "text", "int", "text", "text", "text", "text", "text", "text", "int", "text", "int", "bigint",
+                  "bigint", "bigint", "bigint", "numeric", "float8", "timestamptz", "timestamptz", "text")
+# One statement per batch: the columns as arrays, unnested; DISTINCT ON drops a repeat inside the batch.
+_INSERT_ATTEMPTS = (
+    f"INSERT INTO attempts ({', '.join(_ATTEMPT_COLUMNS)}) SELECT DISTINCT ON (run, instance_id, attempt) * FROM unnest("
+    + ", ".join(f"%s::{t}[]" for t in _ATTEMPT_TYPES)
+    + f") AS t({', '.join(_ATTEMPT_COLUMNS)}) ON CONFLICT (run, instance_id, attempt) DO NOTHING"
+    " RETURNING run, instance_id, attempt, status"
+)
+
+
 def _call_row(r: CallRecord) -> tuple:
-    d = r.model_dump()
-    d["raw_usage"] = Jsonb(d["raw_usage"]) if d["raw_usage"] is not None else None
-    return tuple(d[c] for c in _CALL_COLUMNS)
+    row = list(_call_fields(r))
+    if row[_RAW_USAGE] is not None:
+        row[_RAW_USAGE] = Jsonb(row[_RAW_USAGE])
+    return tuple(row)
 
 
 _VERDICT_STATUS = {
@@ -70,6 +87,8 @@ class ResultsWriter:
     def conn(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed:
             self._conn = psycopg.connect(self.database_url)
+            with self._conn.transaction():  # staging tables for COPY, once per session
+                self._conn.execute("CREATE TEMP TABLE calls_stage (LIKE calls INCLUDING DEFAULTS) ON COMMIT DELETE ROWS")
         return self._conn
 
     # ------------------------------------------------------------ landing
@@ -93,48 +112,57 @@ class ResultsWriter:
 
     @staticmethod
     def _copy_calls(cur, rows: list[tuple]) -> None:
-        """COPY into a per-transaction staging table, then one INSERT .. ON CONFLICT DO NOTHING: near COPY speed,
-        and a redelivered row is still absorbed by the call_id key."""
-        cur.execute("CREATE TEMP TABLE IF NOT EXISTS calls_stage (LIKE calls INCLUDING DEFAULTS) ON COMMIT DELETE ROWS")
-        with cur.copy(f"COPY calls_stage ({', '.join(_CALL_COLUMNS)}) FROM STDIN") as copy:
+        """COPY straight into the ledger; only if a row is already there (a redelivered batch) fall back to COPY
+        into a staging table and one INSERT .. ON CONFLICT DO NOTHING, so the call_id key absorbs the repeat."""
+        cols = ", ".join(_CALL_COLUMNS)
+        try:
+            with cur.connection.transaction():  # a savepoint: the fast path's failure costs nothing else
+                with cur.copy(f"COPY calls ({cols}) FROM STDIN") as copy:
+                    for row in rows:
+                        copy.write_row(row)
+            return
+        except psycopg.errors.UniqueViolation:
+            pass
+        with cur.copy(f"COPY calls_stage ({cols}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row(row)
         cur.execute("INSERT INTO calls SELECT * FROM calls_stage ON CONFLICT (call_id) DO NOTHING")
 
     @staticmethod
     def _land_attempts(cur, results: list[AttemptResult]) -> list[AttemptRef]:
-        """All of a batch's attempt rows in three statements: COPY to staging, then one INSERT .. ON CONFLICT DO
-        NOTHING whose RETURNING feeds the harness phase rows; returns the attempts that became PATCH_READY."""
-        cur.execute("CREATE TEMP TABLE IF NOT EXISTS attempts_stage"
-                    " (LIKE attempts INCLUDING DEFAULTS, detail jsonb) ON COMMIT DELETE ROWS")
-        with cur.copy(f"COPY attempts_stage ({', '.join(_ATTEMPT_COLUMNS)}, detail) FROM STDIN") as copy:
-            for r in results:
-                if r.outcome is HarnessOutcome.CANCELLED:
-                    status = AttemptStatus.CANCELLED  # never graded
-                else:
-                    status = AttemptStatus.PATCH_READY if r.patch_bytes > 0 else AttemptStatus.EMPTY_PATCH
-                copy.write_row((
-                    r.ref.run, r.ref.instance_id, r.ref.attempt, r.harness, r.pool, r.model, r.outcome.value,
-                    status.value, r.patch_uri, r.patch_bytes, r.trajectory_uri, r.totals.calls, r.totals.input_tokens,
-                    r.totals.cached_tokens, r.totals.cache_write_tokens, r.totals.output_tokens, r.totals.cost_usd,
-                    (r.ended_at - r.started_at).total_seconds(), r.started_at, r.ended_at, r.error,
-                    Jsonb({"ledger_calls": r.ledger_calls, "error": r.error}),
-                ))
-        cols = ", ".join(_ATTEMPT_COLUMNS)
-        cur.execute(f"""
-            WITH ins AS (
-                INSERT INTO attempts ({cols}) SELECT DISTINCT ON (run, instance_id, attempt) {cols}
-                FROM attempts_stage ON CONFLICT (run, instance_id, attempt) DO NOTHING
-                RETURNING run, instance_id, attempt, status, outcome, started_at, ended_at
-            ), ph AS (
-                INSERT INTO phases (run, instance_id, attempt, phase, started_at, ended_at, outcome, detail)
-                SELECT DISTINCT ON (i.run, i.instance_id, i.attempt)
-                       i.run, i.instance_id, i.attempt, 'harness', i.started_at, i.ended_at, i.outcome, s.detail
-                FROM ins i JOIN attempts_stage s USING (run, instance_id, attempt)
-                ON CONFLICT DO NOTHING
-            )
-            SELECT run, instance_id, attempt FROM ins WHERE status = 'PATCH_READY'""")
-        return [AttemptRef(run=r, instance_id=i, attempt=a) for r, i, a in cur.fetchall()]
+        """The batch's attempt rows in one INSERT .. ON CONFLICT DO NOTHING RETURNING, which tells which are new (a
+        redelivery returns nothing); only those get their harness phase row, in one more statement. Returns the
+        attempts that became PATCH_READY."""
+        rows = []
+        for r in results:
+            if r.outcome is HarnessOutcome.CANCELLED:
+                status = AttemptStatus.CANCELLED  # never graded
+            else:
+                status = AttemptStatus.PATCH_READY if r.patch_bytes > 0 else AttemptStatus.EMPTY_PATCH
+            rows.append((
+                r.ref.run, r.ref.instance_id, r.ref.attempt, r.harness, r.pool, r.model, r.outcome.value,
+                status.value, r.patch_uri, r.patch_bytes, r.trajectory_uri, r.totals.calls, r.totals.input_tokens,
+                r.totals.cached_tokens, r.totals.cache_write_tokens, r.totals.output_tokens, r.totals.cost_usd,
+                (r.ended_at - r.started_at).total_seconds(), r.started_at, r.ended_at, r.error,
+            ))
+        cols = list(zip(*rows))
+        cur.execute(_INSERT_ATTEMPTS, [list(c) for c in cols])
+        new = {(r, i, a): st for r, i, a, st in cur.fetchall()}
+        ready = [AttemptRef(run=r, instance_id=i, attempt=a) for (r, i, a), st in new.items()
+                 if st == AttemptStatus.PATCH_READY.value]
+        phases = {(r.ref.run, r.ref.instance_id, r.ref.attempt): r for r in results}
+        mine = [phases[k] for k in new]
+        if mine:
+            cur.execute(
+                """INSERT INTO phases (run, instance_id, attempt, phase, started_at, ended_at, outcome, detail)
+                   SELECT run, iid, att, 'harness', s, e, o, d
+                   FROM unnest(%s::text[], %s::text[], %s::int[], %s::timestamptz[], %s::timestamptz[], %s::text[],
+                               %s::jsonb[]) AS t(run, iid, att, s, e, o, d)
+                   ON CONFLICT DO NOTHING""",
+                [[r.ref.run for r in mine], [r.ref.instance_id for r in mine], [r.ref.attempt for r in mine],
+                 [r.started_at for r in mine], [r.ended_at for r in mine], [r.outcome.value for r in mine],
+                 [Jsonb({"ledger_calls": r.ledger_calls, "error": r.error}) for r in mine]])
+        return ready
 
     def _land_verdict(self, cur, v: Verdict) -> None:
         status = _VERDICT_STATUS.get(v.outcome, AttemptStatus.EVAL_ERROR)
