@@ -1,9 +1,8 @@
 """Through a real LiteLLM proxy process (DB-less) between the shim and the simulator: usage and cost match
 the simulator's truth on both routes, and LiteLLM's 529-as-500 is retried by the shim.
 
-LiteLLM needs its proxy extras, which the project's venv lacks (litellm[proxy] 1.110.2 does not resolve: its
-litellm-proxy==1.110.2 requirement is not on PyPI). $EVALPLANE_LITELLM names a `litellm` executable that has
-them; otherwise the venv's own is tried, and the module is skipped with the reason if it cannot serve.
+The venv's own `litellm` proxy is used (the lock pins litellm[proxy]); $EVALPLANE_LITELLM names another. Under
+CI=true a proxy that cannot serve fails the module; elsewhere it is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -44,6 +43,8 @@ def gateway(tmp_path_factory):
     """(litellm_url, master_key, clean_sim_url, faulty_sim_url): one proxy, two model groups."""
     exe = _litellm_bin()
     if exe is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("no litellm executable in the project venv")
         pytest.skip("no litellm executable")
     with ExitStack() as stack:
         clean = stack.enter_context(running_simulator(SimulatorConfig(api_key=SIM_KEY)))
@@ -71,7 +72,7 @@ def gateway(tmp_path_factory):
         while True:
             if proc.poll() is not None:
                 text = (d / "litellm.log").read_text()[-600:]
-                if "Missing dependency" in text:
+                if "Missing dependency" in text and os.environ.get("CI") != "true":
                     pytest.skip(f"litellm proxy extras missing (set EVALPLANE_LITELLM): {text.splitlines()[-1]}")
                 raise RuntimeError(f"litellm exited: {text}")
             try:
