@@ -67,3 +67,14 @@ def test_docker_tasks_and_official_grading_end_to_end(images, tmp_path, env, dat
 
     left = docker.from_env().containers.list(all=True, filters={"label": f"evalplane.run={unique}"})
     assert left == []  # every task container was reaped
+
+
+@pytest.fixture(autouse=True)
+def forget_validations(database_url):
+    """The validation records this module writes are shared state of the session's database: remove them."""
+    yield
+    import psycopg
+
+    ids = [json.loads(x)["instance_id"] for x in (SYNTHETIC / "instances.jsonl").read_text().splitlines() if x.strip()]
+    with psycopg.connect(database_url) as conn:
+        conn.execute("DELETE FROM image_validations WHERE instance_id = ANY(%s)", (ids,))

@@ -25,7 +25,17 @@ def broken_row(docker_client, instances, eval_images):
     return row
 
 
-def test_validation_records_good_and_broken_images(pg, docker_client, instances, eval_images, broken_row, tmp_path):
+@pytest.fixture
+def no_records(database_url, instances):
+    """Validation records are shared state of the session's database (the docker end-to-end test validates the
+    synthetic set too): these tests start from none for the synthetic instances."""
+    import psycopg
+
+    with psycopg.connect(database_url) as conn:
+        conn.execute("DELETE FROM image_validations WHERE instance_id = ANY(%s)", (list(instances),))
+
+
+def test_validation_records_good_and_broken_images(no_records, pg, docker_client, instances, eval_images, broken_row, tmp_path):
     good = instances["evalplane__calc-2"]
     assert validated(pg, [good, broken_row]) == {good["instance_id"]: None, broken_row["instance_id"]: None}
     _records, errors = validate([good, broken_row], pg, docker_backend=DockerBackend(client=docker_client),
@@ -49,7 +59,7 @@ def test_validation_records_good_and_broken_images(pg, docker_client, instances,
         ImageResolver(os.environ["DATABASE_URL"], require_pinned=True).resolve(docker_client, broken_row)
 
 
-def test_validate_cli_process_backend(database_url, instances, tmp_path):
+def test_validate_cli_process_backend(no_records, database_url, instances, tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "eval_worker", "validate", "--backend", "process", "--dataset",
          str(SYNTH / "instances.jsonl"), "--instances", "evalplane__textkit-1", "--logs-root", str(tmp_path),
