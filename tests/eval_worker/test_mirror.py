@@ -24,7 +24,9 @@ from eval_worker.records import mirror_record
 def registry(tmp_path_factory, docker_client):
     exe = shutil.which("docker-registry")
     if exe is None:
-        subprocess.run(["apt-get", "install", "-y", "-qq", "docker-registry"], capture_output=True, timeout=600, check=False)
+        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "docker-registry"]):
+            subprocess.run(cmd, capture_output=True, timeout=600, check=False,
+                           env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
         exe = shutil.which("docker-registry")
     if exe is None:
         _unavailable("docker-registry (Debian package) is not installed")
