@@ -156,3 +156,21 @@ def test_different_spec_under_same_run_name_is_refused(tmp_path, env, database_u
     assert p.returncode == 3
     assert "different spec" in p.stderr
     assert counts(database_url, unique)["status"] == {}
+
+
+def test_cancel_stops_the_run_and_lands_every_attempt(tmp_path, env, database_url, unique):
+    spec = write_spec(tmp_path, unique, concurrency=1)
+    proc = subprocess.Popen([sys.executable, "-m", "dispatcher", "run", str(spec)], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not counts(database_url, unique)["status"]:
+        time.sleep(0.3)
+    c = dispatcher(env, "cancel", str(spec))
+    assert c.returncode == 0, c.stderr
+    assert proc.wait(timeout=300) == 0, proc.stderr.read()[-3000:]
+    got = counts(database_url, unique)
+    assert got["run"] == "cancelled"
+    assert set(got["status"]) == set(demo_expectation())  # every attempt still lands exactly one row
+    assert "CANCELLED" in got["status"].values()
+    assert got["calls"][0] == got["calls"][1]
+    assert dispatcher(env, "cancel", str(spec)).returncode == 1  # nothing running to cancel
