@@ -13,6 +13,12 @@ RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 HARNESSES = ("mini-swe-agent",)
 
 
+def _beside_spec(v: str, info: ValidationInfo) -> Path:
+    """A path as the spec gives it: absolute, or relative to the spec file's folder."""
+    p = Path(v)
+    return p if p.is_absolute() else Path((info.context or {}).get("base_dir", ".")) / p
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -73,9 +79,7 @@ class InstancesSpec(Strict):
     def _repos(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is None:
             return v
-        p = Path(v)
-        if not p.is_absolute():
-            p = Path((info.context or {}).get("base_dir", ".")) / p
+        p = _beside_spec(v, info)
         if not p.is_dir():
             raise ValueError(f"folder not found: {p}")
         return str(p.resolve())
@@ -128,9 +132,7 @@ class SimulatorSpec(Strict):
     def _policy(cls, v: str, info: ValidationInfo) -> str:
         if v == "echo":
             return v
-        p = Path(v)
-        if not p.is_absolute():
-            p = Path((info.context or {}).get("base_dir", ".")) / p
+        p = _beside_spec(v, info)
         if not p.is_file():
             raise ValueError(f"policy file not found: {p}")
         return str(p.resolve())
