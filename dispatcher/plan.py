@@ -21,7 +21,10 @@ class Plan:
 
     @property
     def spec_hash(self) -> str:
-        return hashlib.sha256(self.spec.model_dump_json().encode()).hexdigest()[:16]
+        """Same run = the same spec as written and the same instances (not where the checkout happens to be)."""
+        written = self.spec.source or json.loads(self.spec.model_dump_json())
+        key = json.dumps({"spec": written, "instances": sorted(self.rows)}, sort_keys=True, default=str)
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def repo_bundle_name(repo: str) -> str:
@@ -63,10 +66,6 @@ def make_plan(spec: Spec, spec_file: str = "spec.toml") -> Plan:
         for n in range(1, spec.run.attempts + 1)
     ]
     return Plan(spec=spec, rows={r["instance_id"]: r for r in rows}, repo_sources=sources, refs=refs)
-
-
-def spec_json(spec: Spec) -> str:
-    return json.dumps(json.loads(spec.model_dump_json()), sort_keys=True)
 
 
 def apply_validation(plan: Plan, conn, spec_file: str = "spec.toml") -> tuple[Plan, list[str]]:

@@ -39,7 +39,7 @@ from dispatcher.actors import PoolPacer, ResultsWriterActor
 from dispatcher.launchers.base import TaskHandle
 from dispatcher.launchers.process import ProcessLauncher, local_task_env
 from dispatcher.local_services import LocalServices
-from dispatcher.plan import Plan, spec_json
+from dispatcher.plan import Plan
 from dispatcher.planner import Planner, observe
 from dispatcher.progress import Progress
 from dispatcher.resources import RunResources
@@ -69,7 +69,7 @@ def open_run(conn: psycopg.Connection, plan: Plan) -> str:
     if row is None:
         conn.execute(
             "INSERT INTO runs (run, spec, spec_hash, backend, attempts) VALUES (%s, %s, %s, %s, %s)",
-            (spec.run.name, Jsonb(spec_json(spec)), plan.spec_hash, spec.backend.kind, len(plan.refs)),
+            (spec.run.name, Jsonb(spec.model_dump(mode="json")), plan.spec_hash, spec.backend.kind, len(plan.refs)),
         )
         conn.commit()
         return "new"

@@ -7,7 +7,16 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 HARNESSES = ("mini-swe-agent",)
@@ -147,6 +156,11 @@ class Spec(Strict):
     backend: BackendSpec = Field(default_factory=BackendSpec)
     eval: EvalSpec = Field(default_factory=EvalSpec)
     simulator: SimulatorSpec | None = None
+    _source: dict = PrivateAttr(default_factory=dict)  # the spec as written (before paths were resolved)
+
+    @property
+    def source(self) -> dict:
+        return self._source
 
     @property
     def pool(self) -> str:
@@ -214,7 +228,9 @@ def load_spec(path: str | Path) -> Spec:
         m = re.search(r"line (\d+)", str(e))
         raise SpecError(str(path), [SpecProblem(path="<toml>", message=str(e), line=int(m.group(1)) if m else None)]) from None
     try:
-        return Spec.model_validate(data, context={"base_dir": str(path.resolve().parent)})
+        spec = Spec.model_validate(data, context={"base_dir": str(path.resolve().parent)})
+        spec._source = data
+        return spec
     except ValidationError as e:
         problems = []
         for err in e.errors():
