@@ -72,10 +72,16 @@ def _report(plan: Plan, out_dir: str | None, out: Console) -> int:
     from dispatcher import report, resources
 
     run = plan.spec.run.name
-    localstack.ensure_moto()
     with db.connect() as conn:
         attempts = report.fetch_attempts(conn, run)
-    res_prefix = f"s3://{resources.DEFAULT_BUCKET}/runs/{run}/attempts/"
+    bucket = resources.DEFAULT_BUCKET
+    if plan.spec.backend.kind == "aws":
+        from dispatcher.launchers.stack_outputs import StackOutputs
+
+        bucket = StackOutputs.load(plan.spec.backend.stack_outputs).bucket
+    else:
+        localstack.ensure_moto()
+    res_prefix = f"s3://{bucket}/runs/{run}/attempts/"
     dest = Path(out_dir) if out_dir else localstack.state_dir() / "runs" / run / "results"
     files = report.write_outputs(run, attempts, list(plan.rows.values()), dest, plan.spec.run.attempts,
                                  lambda iid, n: f"{res_prefix}{iid}/{n}/")

@@ -163,28 +163,44 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
 
     run_dir = localstack.state_dir() / "runs" / run
     run_dir.mkdir(parents=True, exist_ok=True)
-    if spec.backend.kind != "local":
-        raise NotImplementedError("backend 'aws' lands with the ECS launcher (issue 4)")
-    localstack.ensure_moto()
-    res = resources.ensure(run)
     workers: list[subprocess.Popen] = []
     services = LocalServices(run_dir)
+    if spec.backend.kind == "aws":
+        from dispatcher.launchers.ecs import EcsLauncher
+        from dispatcher.launchers.stack_outputs import StackOutputs
+
+        outputs = StackOutputs.load(spec.backend.stack_outputs)
+        res = resources.ensure(run, bucket=outputs.bucket, queue_prefix=outputs.queue_prefix)
+        valkey_url = os.environ.get("VALKEY_URL") or outputs.valkey_url
+        aws_env = localstack.aws_env()
+    else:
+        localstack.ensure_moto()
+        res = resources.ensure(run)
     valkey = redis.Redis.from_url(valkey_url)
     try:
-        if spec.model.base_url:
-            upstream, key = spec.model.base_url, os.environ.get(spec.model.api_key_env, "")
-            if not key:
-                raise RuntimeError(f"model.api_key_env: environment variable {spec.model.api_key_env} is not set")
+        if spec.backend.kind == "aws":
+            # The provider key reaches tasks from Secrets Manager through their task definition, never from here.
+            upstream = spec.model.base_url or outputs.gateway_url
+            launcher = EcsLauncher.from_stack_outputs(outputs)
+            launcher.launch_eval_workers(spec.eval.workers, run=run, command=[
+                "--queue", res.eval_queue_url, "--backend", spec.eval.backend, "--idle-exit", "900"])
         else:
-            upstream, key = services.simulator(simulator_args(plan, run_dir), "sk-sim-" + secrets.token_hex(16))
-        aws_env = localstack.aws_env()
-        task_env = local_task_env({**aws_env, UPSTREAM_KEY_ENV: key, "EVALPLANE_STATE_DIR": str(localstack.state_dir()),
-                                   "DATABASE_URL": db.database_url(), "VALKEY_URL": valkey_url})
-        worker_env = local_task_env({**aws_env, "EVALPLANE_STATE_DIR": str(localstack.state_dir()),
-                                     "DATABASE_URL": db.database_url()})
-        workers = services.eval_workers(plan.spec.eval.workers, [
-            "--queue", res.eval_queue_url, "--logs-root", str(run_dir / "eval"), "--backend", spec.eval.backend],
-            worker_env)
+            if spec.model.base_url:
+                upstream, key = spec.model.base_url, os.environ.get(spec.model.api_key_env, "")
+                if not key:
+                    raise RuntimeError(f"model.api_key_env: environment variable {spec.model.api_key_env} is not set")
+            else:
+                upstream, key = services.simulator(simulator_args(plan, run_dir), "sk-sim-" + secrets.token_hex(16))
+            aws_env = localstack.aws_env()
+            task_env = local_task_env({**aws_env, UPSTREAM_KEY_ENV: key,
+                                       "EVALPLANE_STATE_DIR": str(localstack.state_dir()),
+                                       "DATABASE_URL": db.database_url(), "VALKEY_URL": valkey_url})
+            worker_env = local_task_env({**aws_env, "EVALPLANE_STATE_DIR": str(localstack.state_dir()),
+                                         "DATABASE_URL": db.database_url()})
+            workers = services.eval_workers(plan.spec.eval.workers, [
+                "--queue", res.eval_queue_url, "--logs-root", str(run_dir / "eval"), "--backend", spec.eval.backend],
+                worker_env)
+            launcher = make_launcher(plan, run_dir, task_env, key, upstream, valkey_url)
 
         ray_init(spec.backend.dashboard, aws_env)
         writer = ResultsWriterActor.options(name=f"results-writer:{run}", namespace="evalplane",
@@ -194,7 +210,6 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
             spec.pool, valkey_url, {"rpm": spec.model.rpm, "itpm": spec.model.itpm, "otpm": spec.model.otpm})
         ray.get(pacer.tick.remote())
 
-        launcher = make_launcher(plan, run_dir, task_env, key, upstream, valkey_url)
         task_upstream, task_valkey = launcher.task_url(upstream), launcher.task_url(valkey_url)
         loop = DriverLoop(plan, res, conn, valkey, launcher, pacer,
                           lambda ref: make_job(plan, res, ref, task_upstream, task_valkey))
@@ -246,6 +261,8 @@ class DriverLoop:
         if sum(1 for s in landed.values() if s != "PATCH_READY") == len(self.plan.refs):
             return True
         now = time.monotonic()
+        if hasattr(self.launcher, "retry_pending"):
+            self.launcher.retry_pending()  # ECS: attempts not placed yet (capacity), when they are due
         self._reap(landed, now)
         if self._cancelled():
             self._cancel(landed)

@@ -110,6 +110,16 @@ class BackendSpec(Strict):
     stack_outputs: str | None = Field(None, description="`pulumi stack output --json` file (backend aws)")
     dashboard: bool = Field(False, description="Start the Ray dashboard with the local Ray cluster")
 
+    @field_validator("stack_outputs")
+    @classmethod
+    def _outputs_file(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return v
+        p = _beside_spec(v, info)
+        if not p.is_file():
+            raise ValueError(f"stack outputs file not found: {p} (write it with `pulumi stack output --json`)")
+        return str(p.resolve())
+
     @model_validator(mode="after")
     def _aws_needs_outputs(self) -> BackendSpec:
         if self.kind == "aws" and not self.stack_outputs:

@@ -110,6 +110,8 @@ class EcsLauncher:
         self._cancelled: set[AttemptRef] = set()
         self._refreshed = 0.0
         self.eval_deficit = _EvalDeficit()
+        self._eval_run: str | None = None
+        self._eval_command: list[str] | None = None
 
     @classmethod
     def from_stack_outputs(cls, out: StackOutputs, **kw) -> EcsLauncher:
@@ -262,15 +264,23 @@ class EcsLauncher:
         return handles
 
     # ------------------------------------------------------------------ eval workers
-    def launch_eval_workers(self, n: int, run: str | None = None) -> list[str]:
-        """n eval workers on the EC2 eval cluster, 10 a RunTask; those not placed are retried later."""
+    def launch_eval_workers(self, n: int, run: str | None = None, command: list[str] | None = None) -> list[str]:
+        """n eval workers on the EC2 eval cluster, 10 a RunTask; those not placed are retried later (with the same
+        run and command: the worker's arguments, e.g. its run's eval queue, are the only override)."""
         if self.eval is None:
             raise RuntimeError("no eval target configured")
+        if run is not None:
+            self._eval_run = run
+        if command is not None:
+            self._eval_command = command
+        run, command = self._eval_run, self._eval_command
+        overrides = {"overrides": {"containerOverrides": [{"name": self.eval.container, "command": command}]}} \
+            if command else {}
         arns: list[str] = []
         for k in [MAX_COUNT] * (n // MAX_COUNT) + ([n % MAX_COUNT] if n % MAX_COUNT else []):
             resp = self._call("run_task", cluster=self.eval.cluster, taskDefinition=self.eval.task_definition,
                               count=k, launchType=self.eval.launch_type, startedBy="evalplane/eval-worker",
-                              tags=self._tags("eval-worker", run=run), **self.eval.network())
+                              tags=self._tags("eval-worker", run=run), **self.eval.network(), **overrides)
             got = [t["taskArn"] for t in resp.get("tasks", [])]
             arns += got
             if len(got) < k:

@@ -31,6 +31,7 @@ run_usd = 1.0
 def write(tmp_path: Path, text: str) -> Path:
     p = tmp_path / "spec.toml"
     p.write_text(text)
+    (tmp_path / "x.json").write_text("{}")  # a stack-outputs file for the specs with backend aws
     return p
 
 
