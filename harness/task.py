@@ -212,7 +212,6 @@ def main(argv: list[str]) -> int:
         outcome = run_harness(job, testbed, workdir, shim)
         patch = take_patch(testbed, job.instance["base_commit"])
     except Stopped:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish landing the row
         outcome, error = HarnessOutcome.CANCELLED, "stopped by SIGTERM"
     except Exception as e:  # still land a row: the attempt failed on our side
         log.exception("task failed")
@@ -223,6 +222,7 @@ def main(argv: list[str]) -> int:
         except Exception:
             pass
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # from here on, finish landing the row whatever comes
         if shim is not None:
             shim_status = shim.stop()
     prefix = job.artifacts_prefix
