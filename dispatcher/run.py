@@ -317,9 +317,16 @@ class DriverLoop:
             if (ref.instance_id, ref.attempt) in landed:
                 if t.exit_code is not None:
                     del self.running[ref]
-            elif t.exit_code is not None and now - t.exited_at > REAP_GRACE_S:
+            elif t.exit_code is not None and now - t.exited_at > REAP_GRACE_S and not self._result_sent(ref, t):
                 land_infra_error(self.res, self.plan, ref, f"task exited with code {t.exit_code} without a result")
                 t.exited_at = float("inf")  # sent once; the writer's unique key absorbs any race
+
+    def _result_sent(self, ref: AttemptRef, t: Running) -> bool:
+        """A task exits 0 only after its result is on the queue (and marks its progress key done when it is):
+        then the row is coming, however far behind the writer is; landing infra_error could race it."""
+        if t.exit_code == 0:
+            return True
+        return self.valkey.hget(keys.progress(ref), "phase") in (b"done", "done")
 
     def _resize(self, landed: dict) -> None:
         state = ray.get(self.pacer.tick.remote())
