@@ -85,7 +85,7 @@ repos = "repos"
 [budget]
 run_usd = 100000
 [backend]
-concurrency = 2000
+concurrency = 500
 """)
     return name, spec, motos
 

@@ -275,7 +275,9 @@ class DriverLoop:
 
     def _launch(self, landed: dict, now: float) -> None:
         """Up to the target: job documents first (written in parallel), then one task per attempt."""
-        room = self.target - sum(1 for t in self.running.values() if t.exit_code is None)
+        # A task counts until its row has landed: when results land slower than tasks finish (a slow writer,
+        # a backed-up queue), launching stops instead of piling more results onto the queue.
+        room = self.target - len(self.running)
         batch: list[AttemptRef] = []
         for ref in self._pending(landed):
             if len(batch) >= room:
