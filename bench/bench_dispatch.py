@@ -172,7 +172,8 @@ def main() -> int:
         writers = [ResultsWriterActor.options(name=f"results-writer:{spec.run.name}:{i}").remote(
             res.model_dump(), db.database_url(), aws_env, 60.0) for i in range(2)]
         pacer = PoolPacer.options(name=f"pacer:{spec.pool}", get_if_exists=True).remote(spec.pool, valkey_url, {})
-        launcher = SimLauncher(res.results_queue_url, spec.pool, spec.model.model, task_s=args.task_s)
+        launcher = SimLauncher(res.results_queue_url, spec.pool, spec.model.model, task_s=args.task_s,
+                               valkey=redis.Redis.from_url(valkey_url))
         loop = runmod.DriverLoop(plan, res, conn, redis.Redis.from_url(valkey_url), launcher, pacer,
                                  lambda ref: runmod.make_job(plan, res, ref, "http://gateway.invalid", valkey_url))
         loop.PLAN_EVERY_S = 2.0

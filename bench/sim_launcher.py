@@ -9,7 +9,7 @@ import threading
 import time
 from datetime import timedelta
 
-from contract import aws
+from contract import aws, keys
 from contract.models import (
     AttemptRef,
     AttemptResult,
@@ -49,8 +49,10 @@ class SimLauncher:
     """Each task 'runs' for about task_s (a due time, not a sleeping thread), then sends its ledger batch and
     its result in one SendMessageBatch, as a real task does at its end. A few sender threads play the tasks."""
 
-    def __init__(self, results_queue_url: str, pool: str, model: str, task_s: float = 0.5, threads: int = 8):
+    def __init__(self, results_queue_url: str, pool: str, model: str, task_s: float = 0.5, threads: int = 8,
+                 valkey=None):
         self.queue, self.pool_name, self.model, self.task_s = results_queue_url, pool, model, task_s
+        self.valkey = valkey
         self.due: list[tuple[float, str, AttemptRef]] = []
         self.cv = threading.Condition()
         self.done: dict[str, int] = {}
@@ -69,6 +71,10 @@ class SimLauncher:
             bodies = messages(ref, self.pool_name, self.model, random.Random(task_id))
             sqs.send_message_batch(QueueUrl=self.queue,
                                    Entries=[{"Id": str(i), "MessageBody": b} for i, b in enumerate(bodies)])
+            if self.valkey is not None:  # as a real task does: its result is on the queue
+                key = keys.progress(ref)
+                self.valkey.hset(key, mapping={"phase": "done", "outcome": "submitted"})
+                self.valkey.expire(key, 600)
             self.done[task_id] = 0
 
     def launch(self, ref: AttemptRef, job_uri: str) -> TaskHandle:

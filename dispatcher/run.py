@@ -60,6 +60,7 @@ class Running:
     started: float
     exited_at: float | None = None
     exit_code: int | None = None
+    result_sent: bool = False  # seen the task's "done" mark (or landed its infra_error ourselves)
 
 
 def open_run(conn: psycopg.Connection, plan: Plan) -> str:
@@ -319,15 +320,17 @@ class DriverLoop:
             if (ref.instance_id, ref.attempt) in landed:
                 if t.exit_code is not None:
                     del self.running[ref]
-            elif t.exit_code is not None and now - t.exited_at > REAP_GRACE_S and not self._result_sent(ref, t):
-                land_infra_error(self.res, self.plan, ref, f"task exited with code {t.exit_code} without a result")
-                t.exited_at = float("inf")  # sent once; the writer's unique key absorbs any race
+            elif t.exit_code is not None and not t.result_sent:
+                t.result_sent = self._result_sent(ref)
+                if not t.result_sent and now - t.exited_at > REAP_GRACE_S:
+                    land_infra_error(self.res, self.plan, ref,
+                                     f"task exited with code {t.exit_code} without a result")
+                    t.result_sent = True  # sent once; the writer's unique key absorbs any race
 
-    def _result_sent(self, ref: AttemptRef, t: Running) -> bool:
-        """A task exits 0 only after its result is on the queue (and marks its progress key done when it is):
-        then the row is coming, however far behind the writer is; landing infra_error could race it."""
-        if t.exit_code == 0:
-            return True
+    def _result_sent(self, ref: AttemptRef) -> bool:
+        """A task marks its progress key done once its result is on the queue: then the row is coming, however far
+        behind the writer is, and landing infra_error could race it. (The exit code is no evidence: a task
+        stopped from outside lands itself as cancelled and exits 0; a task that never ran may report 0 too.)"""
         return self.valkey.hget(keys.progress(ref), "phase") in (b"done", "done")
 
     def _resize(self, landed: dict) -> None:

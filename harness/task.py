@@ -26,7 +26,8 @@ from harness.adapters import ADAPTERS
 
 log = logging.getLogger("evalplane.task")
 UPSTREAM_KEY_ENV = "EVALPLANE_UPSTREAM_KEY"
-SCRATCH_FILES = ("patch.txt",)  # files harnesses are told to write in the repo; never part of the patch
+SCRATCH_FILES = ("patch.txt",)
+DONE_TTL_S = 600  # the "result sent" mark outlives the slowest task-exit detection (ECS describe lag)  # files harnesses are told to write in the repo; never part of the patch
 
 
 def git(testbed: Path, *args: str, check: bool = True) -> str:
@@ -139,7 +140,7 @@ class Heartbeat:
         """The result is on the queue: keep the key a little longer, until the writer has landed it."""
         self.stop_event.set()
         self.r.hset(self.key, mapping={"phase": "done", "outcome": outcome})
-        self.r.expire(self.key, 30)
+        self.r.expire(self.key, DONE_TTL_S)
 
 
 def end_group(proc: subprocess.Popen) -> None:
