@@ -30,6 +30,11 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
     return p.netloc, p.path.lstrip("/")
 
 
+def eval_logs_prefix(artifacts_prefix: str) -> str:
+    """Where an attempt's grading logs live under its artifacts prefix (written by eval workers, read by reports)."""
+    return artifacts_prefix.rstrip("/") + "/eval/"
+
+
 def put_text(uri: str, body: str | bytes, content_type: str = "application/json") -> None:
     bucket, key = split_s3_uri(uri)
     data = body.encode() if isinstance(body, str) else body

@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 
 from contract import db
+from contract.models import AttemptRef
 from dispatcher import localstack
 from dispatcher.plan import Plan, apply_validation, make_plan
 from dispatcher.spec import SpecError, load_spec
@@ -81,10 +82,10 @@ def _report(plan: Plan, out_dir: str | None, out: Console) -> int:
         bucket = StackOutputs.load(plan.spec.backend.stack_outputs).bucket
     else:
         localstack.ensure_moto()
-    res_prefix = f"s3://{bucket}/runs/{run}/attempts/"
     dest = Path(out_dir) if out_dir else localstack.state_dir() / "runs" / run / "results"
     files = report.write_outputs(run, attempts, list(plan.rows.values()), dest, plan.spec.run.attempts,
-                                 lambda iid, n: f"{res_prefix}{iid}/{n}/")
+                                 lambda iid, n: resources.artifacts_prefix(
+                                     bucket, AttemptRef(run=run, instance_id=iid, attempt=n)))
     report.print_results(out, run, attempts, files)
     return 0
 

@@ -105,7 +105,7 @@ def write_outputs(run: str, attempts: list[dict], dataset: list[dict], out_dir: 
 
 def _fetch_eval_logs(prefix: str, dest: Path) -> None:
     """Copy the eval worker's log files (test_output.txt, run_instance.log, ...) next to the report."""
-    bucket, key = aws.split_s3_uri(prefix + "eval/")
+    bucket, key = aws.split_s3_uri(aws.eval_logs_prefix(prefix))
     s3 = aws.client("s3")
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key):
         for obj in page.get("Contents", []):

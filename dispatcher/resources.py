@@ -30,7 +30,12 @@ class RunResources(BaseModel):
         return f"{self.prefix}jobs/{ref.instance_id}/{ref.attempt}.json"
 
     def artifacts_prefix(self, ref: AttemptRef) -> str:
-        return f"{self.prefix}attempts/{ref.instance_id}/{ref.attempt}/"
+        return artifacts_prefix(self.bucket, ref)
+
+
+def artifacts_prefix(bucket: str, ref: AttemptRef) -> str:
+    """An attempt's S3 prefix: patch, trajectory, ledger copy and eval logs."""
+    return f"s3://{bucket}/runs/{ref.run}/attempts/{ref.instance_id}/{ref.attempt}/"
 
 
 def _queue_name(run: str, role: str) -> str:

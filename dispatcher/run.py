@@ -131,7 +131,7 @@ def make_launcher(plan: Plan, run_dir: Path, task_env: dict[str, str], key: str,
 
     aws_env = localstack.aws_env()
     endpoints = sorted({v for k, v in aws_env.items() if k.startswith("AWS_ENDPOINT_URL")})
-    env = {k: v for k, v in aws_env.items()} | {UPSTREAM_KEY_ENV: key, "EVALPLANE_STATE_DIR": "/tmp/evalplane"}
+    env = aws_env | {UPSTREAM_KEY_ENV: key, "EVALPLANE_STATE_DIR": "/tmp/evalplane"}
     bundles = sorted({str(Path(p).parent) for p in plan.repo_sources.values()})
     return DockerLauncher(env, [upstream, valkey_url, *endpoints], image=spec.backend.harness_image,
                           log_dir=run_dir / "tasks", mounts=bundles)

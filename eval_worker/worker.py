@@ -32,8 +32,7 @@ CONTENT_TYPES = {".json": "application/json", ".diff": "text/x-diff", ".sh": "te
 MAX_WAIT_S = 20  # SQS long-polling maximum
 
 
-def eval_prefix(artifacts_prefix: str) -> str:
-    return artifacts_prefix.rstrip("/") + "/eval/"
+eval_prefix = aws.eval_logs_prefix
 
 
 class _VisibilityKeeper:
