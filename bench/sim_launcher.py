@@ -25,7 +25,7 @@ from dispatcher.launchers.base import TaskHandle
 CALLS_PER_TASK = 10
 
 
-def messages(ref: AttemptRef, pool: str, model: str, rng: random.Random) -> list[str]:
+def messages(ref: AttemptRef, pool: str, model: str, rng: random.Random, split: bool = False) -> list[str]:
     rows = []
     start = utcnow() - timedelta(seconds=60)
     for seq in range(1, CALLS_PER_TASK + 1):
@@ -42,15 +42,19 @@ def messages(ref: AttemptRef, pool: str, model: str, rng: random.Random) -> list
         ref=ref, harness="mini-swe-agent", pool=pool, model=model, outcome=HarnessOutcome.SUBMITTED,
         ledger_calls=len(rows), totals=Totals.of(rows), started_at=start, ended_at=utcnow(),
     )
-    return [Envelope(msg=LedgerBatch(ref=ref, rows=rows)).model_dump_json(), Envelope(msg=result).model_dump_json()]
+    if split:  # a long task: its shim sent the rows in a batch during the run
+        return [Envelope(msg=LedgerBatch(ref=ref, rows=rows)).model_dump_json(), Envelope(msg=result).model_dump_json()]
+    # a task whose calls all came within the shim's last send interval: they ride with the result
+    return [Envelope(msg=result.model_copy(update={"ledger": rows})).model_dump_json()]
 
 
 class SimLauncher:
-    """Each task 'runs' for about task_s (a due time, not a sleeping thread), then sends its ledger batch and
-    its result in one SendMessageBatch, as a real task does at its end. A few sender threads play the tasks."""
+    """Each task 'runs' for about task_s (a due time, not a sleeping thread), then sends its result carrying its
+    ledger rows (or, split, a ledger batch and the result in one SendMessageBatch), as a real task does at its end. A few sender threads play the tasks."""
 
     def __init__(self, results_queue_url: str, pool: str, model: str, task_s: float = 0.5, threads: int = 8,
-                 valkey=None):
+                 valkey=None, split: bool = False):
+        self.split = split
         self.queue, self.pool_name, self.model, self.task_s = results_queue_url, pool, model, task_s
         self.valkey = valkey
         self.due: list[tuple[float, str, AttemptRef]] = []
@@ -68,7 +72,7 @@ class SimLauncher:
                 while not self.due or self.due[0][0] > time.monotonic():
                     self.cv.wait(timeout=None if not self.due else max(0.0, self.due[0][0] - time.monotonic()))
                 _, task_id, ref = heapq.heappop(self.due)
-            bodies = messages(ref, self.pool_name, self.model, random.Random(task_id))
+            bodies = messages(ref, self.pool_name, self.model, random.Random(task_id), self.split)
             sqs.send_message_batch(QueueUrl=self.queue,
                                    Entries=[{"Id": str(i), "MessageBody": b} for i, b in enumerate(bodies)])
             if self.valkey is not None:  # as a real task does: its result is on the queue

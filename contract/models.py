@@ -221,11 +221,14 @@ class AttemptResult(BaseModel):
     patch_uri: str | None = None
     patch_bytes: int = 0
     trajectory_uri: str | None = None
-    ledger_calls: int = 0  # how many ledger rows the task sent, so the writer can check
+    ledger_calls: int = 0  # how many ledger rows the attempt made (sent in batches or below)
     totals: Totals = Field(default_factory=Totals)
     started_at: datetime
     ended_at: datetime
     error: str | None = None
+    # The ledger rows not yet sent when the harness ended ride with the result: one message instead of two at
+    # every task's end (the writer lands them in the same transaction as the attempt row).
+    ledger: list[CallRecord] = Field(default_factory=list)
 
 
 class Verdict(BaseModel):

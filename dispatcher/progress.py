@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections import Counter
 
 from rich.console import Console
 
@@ -15,16 +14,16 @@ class Progress:
         self._last = 0.0
         self._started = time.monotonic()
 
-    def update(self, landed: dict, running: dict) -> None:
+    def update(self, counts: dict[str, int], running: dict) -> None:
+        """counts: landed rows per status."""
         now = time.monotonic()
         if now - self._last < self.every_s:
             return
         self._last = now
-        counts = Counter(landed.values())
         active = sum(1 for t in running.values() if t.exit_code is None)
         parts = ", ".join(f"{k.lower()} {v}" for k, v in sorted(counts.items()))
         self.console.print(
-            f"[dim]{now - self._started:5.0f}s[/] {self.run}: {len(landed)}/{self.total} landed"
+            f"[dim]{now - self._started:5.0f}s[/] {self.run}: {sum(counts.values())}/{self.total} landed"
             f" ({parts or 'none yet'}); {active} task(s) running"
         )
 

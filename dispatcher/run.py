@@ -253,14 +253,16 @@ class DriverLoop:
         self.cancel_sent: set[AttemptRef] = set()
         self.pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="jobdocs")
         self._cursor = 0
+        self.landed: dict[tuple[str, int], str] | None = None  # (instance_id, attempt) -> status; see _refresh
+        self.waiting: set[AttemptRef] = set()  # attempts an earlier dispatcher's task still holds (resume)
 
     def step(self, progress: Progress | None = None) -> bool:
-        run = self.plan.spec.run.name
-        landed = landed_status(self.conn, run)
+        counts = self._refresh()
         if progress:
-            progress.update(landed, self.running)
-        if sum(1 for s in landed.values() if s != "PATCH_READY") == len(self.plan.refs):
+            progress.update(counts, self.running)
+        if sum(n for s, n in counts.items() if s != "PATCH_READY") == len(self.plan.refs):
             return True
+        landed = self.landed
         now = time.monotonic()
         if hasattr(self.launcher, "retry_pending"):
             self.launcher.retry_pending()  # ECS: attempts not placed yet (capacity), when they are due
@@ -273,6 +275,39 @@ class DriverLoop:
             self._next_plan = now + self.PLAN_EVERY_S
         self._launch(landed, now)
         return False
+
+    def _refresh(self) -> dict[str, int]:
+        """Bring `landed` up to date without rescanning the run: every row once, at the start; then, each pass,
+        only the attempts the loop tracks (its tasks, and those an earlier dispatcher's task still holds), since
+        no other attempt can land meanwhile. Returns the run's row count per status (an index-only count)."""
+        run = self.plan.spec.run.name
+        if self.landed is None:
+            self.landed = landed_status(self.conn, run)
+        tracked = [*self.running, *self.waiting]
+        if tracked:
+            rows = self.conn.execute(
+                "SELECT a.instance_id, a.attempt, a.status FROM attempts a"
+                " JOIN unnest(%s::text[], %s::int[]) AS t(iid, att) ON a.instance_id = t.iid AND a.attempt = t.att"
+                " WHERE a.run = %s",
+                ([r.instance_id for r in tracked], [r.attempt for r in tracked], run)).fetchall()
+            self.landed.update({(i, a): s for i, a, s in rows})
+        if self.waiting:
+            self._recheck_waiting()
+        counts = dict(self.conn.execute(
+            "SELECT status, count(*) FROM attempts WHERE run = %s GROUP BY status", (run,)).fetchall())
+        self.conn.commit()
+        return counts
+
+    def _recheck_waiting(self) -> None:
+        """An earlier dispatcher's task is waited for while its progress key lives; once the key is gone and no
+        row landed, the task died unheard and the attempt goes back to pending."""
+        refs = list(self.waiting)
+        with self.valkey.pipeline(transaction=False) as p:
+            for r in refs:
+                p.exists(keys.progress(r))
+            live = p.execute()
+        self.waiting = {r for r, is_live in zip(refs, live)
+                        if is_live and (r.instance_id, r.attempt) not in self.landed}
 
     def _launch(self, landed: dict, now: float) -> None:
         """Up to the target: job documents first (written in parallel), then one task per attempt."""
@@ -290,7 +325,8 @@ class DriverLoop:
             for r in batch:
                 p.exists(keys.progress(r))
             live = p.execute()
-        batch = [r for r, is_live in zip(batch, live) if not is_live]  # an earlier dispatcher's task: wait for it
+        self.waiting.update(r for r, is_live in zip(batch, live) if is_live)  # an earlier dispatcher's task
+        batch = [r for r, is_live in zip(batch, live) if not is_live]
         docs = [(self.res.job_uri(r), self.make_job_doc(r).model_dump_json()) for r in batch]
         list(self.pool.map(lambda d: aws.put_text(*d), docs))
         for ref in batch:
@@ -305,7 +341,7 @@ class DriverLoop:
                 continue
             break
         for ref in self.plan.refs[self._cursor:]:
-            if (ref.instance_id, ref.attempt) not in landed and ref not in self.running:
+            if (ref.instance_id, ref.attempt) not in landed and ref not in self.running and ref not in self.waiting:
                 yield ref
 
     def _reap(self, landed: dict, now: float) -> None:

@@ -97,7 +97,8 @@ class ResultsWriter:
         """Land a batch in one transaction; return the attempts that became PATCH_READY."""
         ready: list[AttemptRef] = []
         with self.conn.transaction(), self.conn.cursor() as cur:
-            rows = [_call_row(r) for m in messages if isinstance(m.msg, LedgerBatch) for r in m.msg.rows]
+            rows = [_call_row(r) for m in messages if isinstance(m.msg, (LedgerBatch, AttemptResult))
+                    for r in (m.msg.rows if isinstance(m.msg, LedgerBatch) else m.msg.ledger)]
             if rows:
                 self._copy_calls(cur, rows)
             results = [m.msg for m in messages if isinstance(m.msg, AttemptResult)]

@@ -21,13 +21,23 @@ import time
 from pathlib import Path
 
 from contract import aws, keys
-from contract.models import AttemptResult, Envelope, HarnessOutcome, Job, Totals, utcnow
+from contract.models import (
+    AttemptResult,
+    CallRecord,
+    Envelope,
+    HarnessOutcome,
+    Job,
+    LedgerBatch,
+    Totals,
+    utcnow,
+)
 from harness.adapters import ADAPTERS
 
 log = logging.getLogger("evalplane.task")
 UPSTREAM_KEY_ENV = "EVALPLANE_UPSTREAM_KEY"
-SCRATCH_FILES = ("patch.txt",)
-DONE_TTL_S = 600  # the "result sent" mark outlives the slowest task-exit detection (ECS describe lag)  # files harnesses are told to write in the repo; never part of the patch
+SCRATCH_FILES = ("patch.txt",)  # files harnesses are told to write in the repo; never part of the patch
+LEDGER_MESSAGE_BYTES = 240_000  # SQS allows 256 KiB
+DONE_TTL_S = 600  # the "result sent" mark outlives the slowest task-exit detection (ECS describe lag)
 
 
 def git(testbed: Path, *args: str, check: bool = True) -> str:
@@ -107,6 +117,34 @@ class Shim:
             return json.loads(self.status_file.read_text())
         except (OSError, ValueError):
             return {}
+
+
+def unsent_rows(ledger: Path, status: dict) -> list[CallRecord]:
+    """The ledger rows the shim had not sent when it stopped (its status names their seqs), from its ledger file."""
+    seqs = set(status.get("unsent_seqs") or ())
+    if not seqs or not ledger.exists():
+        return []
+    rows = [CallRecord.model_validate_json(line) for line in ledger.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r.seq in seqs]
+
+
+def send_result(queue_url: str, result: AttemptResult, tail: list[CallRecord]) -> None:
+    """One message: the result with the unsent rows. If that would not fit in an SQS message, the rows go first as
+    ledger batches of their own (the writer absorbs any row it sees twice)."""
+    body = Envelope(msg=result.model_copy(update={"ledger": tail})).model_dump_json()
+    if len(body.encode()) > LEDGER_MESSAGE_BYTES:
+        i = 0
+        while i < len(tail):
+            n = len(tail) - i
+            while True:  # as many rows as fit in one message
+                batch = Envelope(msg=LedgerBatch(ref=result.ref, rows=tail[i:i + n])).model_dump_json()
+                if len(batch.encode()) <= LEDGER_MESSAGE_BYTES or n == 1:
+                    break
+                n = max(1, n // 2)
+            aws.send(queue_url, batch)
+            i += n
+        body = Envelope(msg=result).model_dump_json()
+    aws.send(queue_url, body)
 
 
 class Heartbeat:
@@ -243,7 +281,7 @@ def main(argv: list[str]) -> int:
         ledger_calls=int(shim_status.get("ledger_rows", 0)), totals=Totals.model_validate(shim_status.get("totals", {})),
         started_at=started, ended_at=utcnow(), error=error,
     )
-    aws.send(job.results_queue_url, Envelope(msg=result).model_dump_json())
+    send_result(job.results_queue_url, result, unsent_rows(workdir / "ledger.jsonl", shim_status))
     heartbeat.finish(outcome.value)
     log.info("attempt %s landed as %s (%d patch bytes)", ref.slug, outcome.value, result.patch_bytes)
     return 0

@@ -111,3 +111,19 @@ def test_unreadable_message_is_not_deleted(run):
     res, writer = run
     aws.send(res.results_queue_url, json.dumps({"msg": {"kind": "nonsense"}}))
     assert writer.poll_once(wait_s=0) == 0
+
+
+def test_rows_riding_with_the_result_land_with_it_once(run, pg):
+    """A task's last ledger rows come inside its result message; a row also sent in a batch (a shim that sent it
+    just before stopping) and a redelivered result both land once."""
+    res, writer = run
+    ref = AttemptRef(run=res.run, instance_id="a__b-4", attempt=1)
+    rows = calls(ref, 3)
+    send_all(res, [LedgerBatch(ref=ref, rows=rows[:1])])
+    with_rows = result(ref, 0).model_copy(update={"ledger": rows[1:] + rows[:1]})
+    send_all(res, [with_rows, with_rows])
+    drain(writer)
+    got = pg.execute("SELECT seq FROM calls WHERE run=%s AND instance_id=%s ORDER BY seq", (res.run, ref.instance_id))
+    assert [r[0] for r in got.fetchall()] == [1, 2, 3]
+    assert pg.execute("SELECT count(*) FROM attempts WHERE run=%s AND instance_id=%s",
+                      (res.run, ref.instance_id)).fetchone()[0] == 1
