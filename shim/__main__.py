@@ -14,10 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from shim.config import UPSTREAM_KEY_ENV, ShimConfig
-from shim.server import Shim
+from shim.config import UPSTREAM_KEY_ENV, ConfigError, ShimConfig
 
 
 class _Redact(logging.Filter):
@@ -48,6 +45,8 @@ def _logging(secret: str) -> None:
 
 
 async def _main(cfg: ShimConfig, key: str | None) -> int:
+    from shim.server import Shim
+
     shim = Shim(cfg, key)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -69,12 +68,16 @@ def main(argv: list[str] | None = None) -> int:
     _logging(key or "")
     try:
         cfg = ShimConfig.model_validate_json(args.config.read_text())
-    except (OSError, ValidationError) as e:
+    except (OSError, ConfigError) as e:
         logging.getLogger("shim").error("bad config %s: %s", args.config, e)
         return 2
     if key is None:
         logging.getLogger("shim").warning("%s is not set: calls go upstream without a key", UPSTREAM_KEY_ENV)
-    return asyncio.run(_main(cfg, key))
+    try:  # uvloop: a faster event loop (less CPU per call, lower latency); asyncio's own if it is missing
+        import uvloop
+    except ImportError:
+        return asyncio.run(_main(cfg, key))
+    return uvloop.run(_main(cfg, key))
 
 
 if __name__ == "__main__":

@@ -12,48 +12,59 @@ import math
 import time
 from typing import Protocol
 
-from contract import keys
-from contract.models import AttemptRef
+from shim._keys import keys
+from shim.kv import Script, as_kv
 
 KEY_TTL_S = 14 * 24 * 3600
 
+# ep_hold(...) -> 0 if held, else which cap refused it (1 attempt, 2 run); `now` in integer ms.
+# KEYS of the caller: attempt hash, its :exp zset, run hash, its :exp zset.
+HOLD_FN = """
+local function ep_hold(ka, kae, kr, kre, id, est, acap, rcap, ttl_ms, key_ttl, now)
+  local function sweep(h, z)
+    local expired = redis.call('ZRANGEBYSCORE', z, '-inf', now)
+    for _, eid in ipairs(expired) do
+      local amt = redis.call('HGET', h, 'hold:' .. eid)
+      if amt then
+        redis.call('HINCRBY', h, 'held', -tonumber(amt))
+        redis.call('HDEL', h, 'hold:' .. eid)
+      end
+      redis.call('ZREM', z, eid)
+    end
+  end
+  sweep(ka, kae)
+  sweep(kr, kre)
+  local a = redis.call('HMGET', ka, 'spent', 'held')
+  local r = redis.call('HMGET', kr, 'spent', 'held')
+  local as, ah = tonumber(a[1] or '0'), tonumber(a[2] or '0')
+  local rs, rh = tonumber(r[1] or '0'), tonumber(r[2] or '0')
+  if acap >= 0 and as + ah + est > acap then return 1 end
+  if rcap >= 0 and rs + rh + est > rcap then return 2 end
+  local deadline = now + ttl_ms
+  local hs = {ka, kr}
+  local zs = {kae, kre}
+  for i = 1, 2 do
+    redis.call('HINCRBY', hs[i], 'held', est)
+    redis.call('HSET', hs[i], 'hold:' .. id, est)
+    redis.call('ZADD', zs[i], deadline, id)
+    redis.call('EXPIRE', hs[i], key_ttl)
+    redis.call('EXPIRE', zs[i], key_ttl)
+  end
+  if acap >= 0 then redis.call('HSET', ka, 'cap', acap) end
+  if rcap >= 0 then redis.call('HSET', kr, 'cap', rcap) end
+  return 0
+end
+"""
+
+# KEYS = [attempt, attempt:exp, run, run:exp]; ARGV = [call_id, est, acap, rcap, ttl_ms, key_ttl_s]
 HOLD_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local function sweep(h, z)
-  local expired = redis.call('ZRANGEBYSCORE', z, '-inf', now)
-  for _, id in ipairs(expired) do
-    local amt = redis.call('HGET', h, 'hold:' .. id)
-    if amt then
-      redis.call('HINCRBY', h, 'held', -tonumber(amt))
-      redis.call('HDEL', h, 'hold:' .. id)
-    end
-    redis.call('ZREM', z, id)
-  end
-end
-sweep(KEYS[1], KEYS[2])
-sweep(KEYS[3], KEYS[4])
-local est = tonumber(ARGV[2])
-local acap = tonumber(ARGV[3])
-local rcap = tonumber(ARGV[4])
-local a = redis.call('HMGET', KEYS[1], 'spent', 'held')
-local r = redis.call('HMGET', KEYS[3], 'spent', 'held')
-local as, ah = tonumber(a[1] or '0'), tonumber(a[2] or '0')
-local rs, rh = tonumber(r[1] or '0'), tonumber(r[2] or '0')
-if acap >= 0 and as + ah + est > acap then return {0, 1} end
-if rcap >= 0 and rs + rh + est > rcap then return {0, 2} end
-local deadline = now + tonumber(ARGV[5])
-local hs = {KEYS[1], KEYS[3]}
-for i = 1, 2 do
-  redis.call('HINCRBY', hs[i], 'held', est)
-  redis.call('HSET', hs[i], 'hold:' .. ARGV[1], est)
-  redis.call('ZADD', KEYS[2 * i], deadline, ARGV[1])
-  redis.call('EXPIRE', hs[i], ARGV[6])
-  redis.call('EXPIRE', KEYS[2 * i], ARGV[6])
-end
-if acap >= 0 then redis.call('HSET', KEYS[1], 'cap', acap) end
-if rcap >= 0 then redis.call('HSET', KEYS[3], 'cap', rcap) end
-return {1, 0}
+""" + HOLD_FN + """
+local which = ep_hold(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]),
+                      tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], now)
+if which == 0 then return {1, 0} end
+return {0, which}
 """
 
 SETTLE_LUA = """
@@ -72,6 +83,7 @@ return out
 """
 
 ATTEMPT_CAP, RUN_CAP = 1, 2
+HOLD_SCRIPT, SETTLE_SCRIPT = Script(HOLD_LUA), Script(SETTLE_LUA)
 
 
 def micro(usd: float) -> int:
@@ -91,23 +103,29 @@ class Budget(Protocol):
 
 
 class ValkeyBudget:
-    def __init__(self, redis, ref: AttemptRef, attempt_cap_usd: float | None, run_cap_usd: float | None,
+    def __init__(self, redis, ref, attempt_cap_usd: float | None, run_cap_usd: float | None,
                  hold_ttl_s: float):
         a, r = keys.attempt_budget(ref), keys.run_budget(ref.run)
         self.keys = [a, a + ":exp", r, r + ":exp"]
         self.acap, self.rcap = cap_micro(attempt_cap_usd), cap_micro(run_cap_usd)
         self.ttl_ms = int(hold_ttl_s * 1000)
-        self._hold = redis.register_script(HOLD_LUA)
-        self._settle = redis.register_script(SETTLE_LUA)
+        self.kv = as_kv(redis)  # a redis-py client is wrapped
+        self._hold = self.kv.register(HOLD_SCRIPT)
+        self._settle = self.kv.register(SETTLE_SCRIPT)
+
+    def hold_args(self, call_id: str, est_micro: int) -> list:
+        """HOLD's ARGV (also the first six ARGV of the gate's HOLD+ADMIT script)."""
+        return [call_id, est_micro, self.acap, self.rcap, self.ttl_ms, KEY_TTL_S]
 
     async def hold(self, call_id: str, est_micro: int) -> int:
-        ok, which = await self._hold(
-            keys=self.keys, args=[call_id, est_micro, self.acap, self.rcap, self.ttl_ms, KEY_TTL_S]
-        )
+        ok, which = await self.kv.script(self._hold, self.keys, self.hold_args(call_id, est_micro))
         return 0 if int(ok) == 1 else int(which)
 
+    def settle_cmd(self, call_id: str, actual_micro: int) -> tuple:
+        return self._settle.cmd(self.keys, [call_id, actual_micro])
+
     async def settle(self, call_id: str, actual_micro: int) -> None:
-        await self._settle(keys=self.keys, args=[call_id, actual_micro])
+        await self.kv.script(self._settle, self.keys, [call_id, actual_micro])
 
 
 class LocalBudget:

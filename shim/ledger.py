@@ -1,19 +1,42 @@
 """The ledger: one CallRecord per call, appended to a local JSONL file (flushed per call) and shipped to
-the results queue as LedgerBatch envelopes. A row leaves `pending` only once its batch was accepted."""
+the results queue as LedgerBatch envelopes. A row leaves `pending` only once its batch was accepted.
+
+Rows are plain dicts with contract.models.CallRecord's fields, serialised to its JSON shape (call_id and
+started_at as strings); no pydantic in the shim (the results writer validates them on landing, and the tests
+check that every row parses as a CallRecord and every message as an Envelope).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-
-from contract.models import AttemptRef, CallRecord, Envelope, LedgerBatch, Totals
+from typing import Any
 
 log = logging.getLogger("shim.ledger")
 
 MAX_MESSAGE_BYTES = 240_000  # SQS allows 256 KiB; keep a margin
+
+
+TOTAL_FIELDS = ("input_tokens", "cached_tokens", "cache_write_tokens", "output_tokens")
+
+
+class Totals:
+    """contract.models.Totals' fields, summed as rows are written."""
+
+    __slots__ = ("cache_write_tokens", "cached_tokens", "calls", "cost_usd", "input_tokens", "output_tokens")
+
+    def __init__(self) -> None:
+        self.calls = self.input_tokens = self.cached_tokens = self.cache_write_tokens = self.output_tokens = 0
+        self.cost_usd = 0.0
+
+    def model_dump(self) -> dict[str, Any]:
+        return {"calls": self.calls, "input_tokens": self.input_tokens, "cached_tokens": self.cached_tokens,
+                "cache_write_tokens": self.cache_write_tokens, "output_tokens": self.output_tokens,
+                "cost_usd": self.cost_usd}
 
 
 def _default_sender(queue_url: str, body: str) -> None:
@@ -26,7 +49,7 @@ class Ledger:
     def __init__(
         self,
         path: Path,
-        ref: AttemptRef,
+        ref,
         queue_url: str | None = None,
         batch_size: int = 25,
         interval_s: float = 2.0,
@@ -43,7 +66,7 @@ class Ledger:
         self._file = open(self.path, "a", encoding="utf-8")
         self.rows = 0  # rows written by this process
         self.sent = 0  # rows accepted by the queue
-        self.pending: list[CallRecord] = []
+        self.pending: list[str] = []  # rows as JSON
         self.totals = Totals()
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
@@ -60,22 +83,23 @@ class Ledger:
 
     # ------------------------------------------------------------ writing
 
-    def append(self, row: CallRecord) -> CallRecord:
-        """Number the row, write it durably, queue it for sending."""
+    def append(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Number the row (a CallRecord-shaped dict), write it durably, queue it for sending."""
         self.seq += 1
-        row.seq = self.seq
-        self._file.write(row.model_dump_json() + "\n")
+        row["seq"] = self.seq
+        line = json.dumps(row, separators=(",", ":"))
+        self._file.write(line + "\n")
         self._file.flush()
         self.rows += 1
         t = self.totals
         t.calls += 1
-        t.input_tokens += row.input_tokens
-        t.cached_tokens += row.cached_tokens
-        t.cache_write_tokens += row.cache_write_tokens
-        t.output_tokens += row.output_tokens
-        t.cost_usd = round(t.cost_usd + row.cost_usd, 9)
+        t.input_tokens += row["input_tokens"]
+        t.cached_tokens += row["cached_tokens"]
+        t.cache_write_tokens += row["cache_write_tokens"]
+        t.output_tokens += row["output_tokens"]
+        t.cost_usd = round(t.cost_usd + row["cost_usd"], 9)
         if self.queue_url:
-            self.pending.append(row)
+            self.pending.append(line)
             if len(self.pending) >= self.batch_size:
                 self._wake.set()
         return row
@@ -111,7 +135,7 @@ class Ledger:
             while self.pending and (len(self.pending) >= self.batch_size or not full_only):
                 n = min(self.batch_size, len(self.pending))
                 while True:
-                    body = Envelope(msg=LedgerBatch(ref=self.ref, rows=self.pending[:n])).model_dump_json()
+                    body = self._envelope(self.pending[:n])
                     if len(body) <= MAX_MESSAGE_BYTES or n == 1:
                         break
                     n = max(1, n // 2)
@@ -125,6 +149,12 @@ class Ledger:
                 self.sent += n
                 self._failures = 0
         return True
+
+    def _envelope(self, rows: list[str]) -> str:
+        """contract.models.Envelope(msg=LedgerBatch(ref, rows)) as JSON, from rows already serialised."""
+        ref = json.dumps({"run": self.ref.run, "instance_id": self.ref.instance_id, "attempt": self.ref.attempt},
+                         separators=(",", ":"))
+        return '{"msg":{"kind":"ledger","ref":' + ref + ',"rows":[' + ",".join(rows) + "]}}"
 
     async def close(self, timeout_s: float = 30.0) -> bool:
         """Stop the sender, send what is left (retrying until timeout), close the file."""

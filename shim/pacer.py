@@ -35,51 +35,61 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from contract import keys
-from contract.models import Usage
+from shim._keys import keys
+from shim.kv import Script, as_kv
 
 log = logging.getLogger("shim.pacer")
 
 DIMENSIONS = ("rpm", "itpm", "otpm")
 
+# ep_admit(...) -> {admitted 0/1, wait_ms}; `now` in ms (float). KEYS of the caller: pacer hash, limits hash.
+ADMIT_FN = """
+local function ep_admit(kp, kl, burst, max_wait, c_rpm, c_itpm, c_otpm, now)
+  local lim = redis.call('HMGET', kl, 'rpm', 'itpm', 'otpm')
+  local st = redis.call('HMGET', kp, 'rpm', 'itpm', 'otpm', 'until')
+  local s = now
+  local u = tonumber(st[4])
+  if u and u > s then s = u end
+  local names = {'rpm', 'itpm', 'otpm'}
+  local costs = {c_rpm, c_itpm, c_otpm}
+  local per, cost, tat = {}, {}, {}
+  for i = 1, 3 do
+    local l = tonumber(lim[i])
+    cost[i] = costs[i]
+    if l and l > 0 and cost[i] > 0 then
+      per[i] = 60000 / l
+      tat[i] = tonumber(st[i]) or now
+      local need = cost[i] * per[i]
+      local b = burst
+      if need > b then b = need end
+      local si = tat[i] + need - b
+      if si > s then s = si end
+    end
+  end
+  local wait = s - now
+  if wait > max_wait then return {0, math.ceil(wait)} end
+  local hi = s
+  for i = 1, 3 do
+    if per[i] then
+      local base = tat[i]
+      if s > base then base = s end
+      local nt = base + cost[i] * per[i]
+      redis.call('HSET', kp, names[i], tostring(nt))
+      if nt > hi then hi = nt end
+    end
+  end
+  if hi > now then redis.call('PEXPIRE', kp, math.ceil(hi - now) + 60000) end
+  return {1, math.ceil(wait)}
+end
+"""
+
+# KEYS = [pacer, limits]; ARGV = [burst_ms, max_wait_ms, cost_rpm, cost_itpm, cost_otpm]
 ADMIT_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-local lim = redis.call('HMGET', KEYS[2], 'rpm', 'itpm', 'otpm')
-local st = redis.call('HMGET', KEYS[1], 'rpm', 'itpm', 'otpm', 'until')
-local burst = tonumber(ARGV[1])
-local s = now
-local u = tonumber(st[4])
-if u and u > s then s = u end
-local names = {'rpm', 'itpm', 'otpm'}
-local per, cost, tat = {}, {}, {}
-for i = 1, 3 do
-  local l = tonumber(lim[i])
-  cost[i] = tonumber(ARGV[2 + i])
-  if l and l > 0 and cost[i] > 0 then
-    per[i] = 60000 / l
-    tat[i] = tonumber(st[i]) or now
-    local need = cost[i] * per[i]
-    local b = burst
-    if need > b then b = need end
-    local si = tat[i] + need - b
-    if si > s then s = si end
-  end
-end
-local wait = s - now
-if wait > tonumber(ARGV[2]) then return {0, math.ceil(wait)} end
-local hi = s
-for i = 1, 3 do
-  if per[i] then
-    local base = tat[i]
-    if s > base then base = s end
-    local nt = base + cost[i] * per[i]
-    redis.call('HSET', KEYS[1], names[i], tostring(nt))
-    if nt > hi then hi = nt end
-  end
-end
-if hi > now then redis.call('PEXPIRE', KEYS[1], math.ceil(hi - now) + 60000) end
-return {1, math.ceil(wait)}
+""" + ADMIT_FN + """
+return ep_admit(KEYS[1], KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]),
+                tonumber(ARGV[5]), now)
 """
 
 SETTLE_LUA = """
@@ -181,24 +191,35 @@ class ValkeyPacer:
         self.max_wait_ms = max_wait_s * 1000.0
         self.default_ra_ms = default_retry_after_s * 1000.0
         self.max_ra_ms = max_retry_after_s * 1000.0
-        self._admit = redis.register_script(ADMIT_LUA)
-        self._settle = redis.register_script(SETTLE_LUA)
-        self._throttle = redis.register_script(THROTTLE_LUA)
+        self.kv = as_kv(redis)  # a redis-py client is wrapped
+        self._admit = self.kv.register(ADMIT_SCRIPT)
+        self._settle = self.kv.register(SETTLE_SCRIPT)
+        self._throttle = self.kv.register(THROTTLE_SCRIPT)
+
+    def admit_args(self, req: PaceRequest) -> list:
+        """ADMIT's ARGV (also the last five ARGV of the gate's HOLD+ADMIT script)."""
+        return [self.burst_ms, self.max_wait_ms, 1, max(req.est_input_tokens, 0), max(req.max_output_tokens, 0)]
 
     async def admit(self, req: PaceRequest) -> float:
-        waited = 0.0
-        args = [self.burst_ms, self.max_wait_ms, 1, max(req.est_input_tokens, 0), max(req.max_output_tokens, 0)]
+        args = self.admit_args(req)
+        ok, wait_ms = await self.kv.script(self._admit, self.keys, args)
+        return await self.admitted(req, int(ok) == 1, float(wait_ms))
+
+    async def admitted(self, req: PaceRequest, ok: bool, wait_ms: float, waited: float = 0.0) -> float:
+        """Act on an ADMIT answer: sleep once for a booked wait; when too far ahead to book, sleep until it
+        would fit in max_wait, then ask again (rare; no polling storm). Returns the total ms waited."""
+        args = None
         while True:
-            ok, wait_ms = await self._admit(keys=self.keys, args=args)
-            wait_ms = float(wait_ms)
-            if int(ok) == 1:
+            if ok:
                 if wait_ms > 0:
                     await asyncio.sleep(wait_ms / 1000.0)
                 return waited + max(wait_ms, 0.0)
-            # too far ahead to book: sleep until it would fit in max_wait, then book (rare; no polling storm)
             nap = max(wait_ms - self.max_wait_ms, 1.0)
             await asyncio.sleep(nap / 1000.0)
             waited += nap
+            args = args or self.admit_args(req)
+            ok, wait_ms = await self.kv.script(self._admit, self.keys, args)
+            ok, wait_ms = int(ok) == 1, float(wait_ms)
 
     @staticmethod
     def settle_args(req: PaceRequest, actual_input: int | None, actual_output: int | None) -> list[int] | None:
@@ -207,17 +228,23 @@ class ValkeyPacer:
         d_out = 0 if actual_output is None else actual_output - req.max_output_tokens
         return [d_in, d_out] if d_in or d_out else None
 
+    def settle_cmd(self, req: PaceRequest, actual_input: int | None, actual_output: int | None) -> tuple | None:
+        args = self.settle_args(req, actual_input, actual_output)
+        return self._settle.cmd(self.keys, args) if args else None
+
     async def settle(self, req: PaceRequest, actual_input: int | None, actual_output: int | None) -> None:
         args = self.settle_args(req, actual_input, actual_output)
         if args:
-            await self._settle(keys=self.keys, args=args)
+            await self.kv.script(self._settle, self.keys, args)
 
     async def throttled(self, req: PaceRequest, retry_after_s: float | None, dimension: str | None) -> None:
         ra_ms = self.default_ra_ms if retry_after_s is None else retry_after_s * 1000.0
         ra_ms = min(ra_ms, self.max_ra_ms)
-        await self._throttle(keys=self.throttle_keys,
-                             args=[ra_ms, self.burst_ms, dimension or "", keys.THROTTLED_FIELD])
+        await self.kv.script(self._throttle, self.throttle_keys,
+                             [ra_ms, self.burst_ms, dimension or "", keys.THROTTLED_FIELD])
 
+
+ADMIT_SCRIPT, SETTLE_SCRIPT, THROTTLE_SCRIPT = Script(ADMIT_LUA), Script(SETTLE_LUA), Script(THROTTLE_LUA)
 
 _DIM_HEADERS = (
     ("anthropic-ratelimit-requests-remaining", "rpm"),

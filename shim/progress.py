@@ -7,8 +7,8 @@ import logging
 import time
 from collections.abc import Mapping
 
-from contract import keys
-from contract.models import AttemptRef
+from shim._keys import keys
+from shim.kv import as_kv
 
 log = logging.getLogger("shim.progress")
 
@@ -31,8 +31,8 @@ def rate_limit_headers(headers: Mapping[str, str]) -> dict[str, str]:
 
 
 class Progress:
-    def __init__(self, redis, ref: AttemptRef, pool: str):
-        self.redis = redis
+    def __init__(self, redis, ref, pool: str):
+        self.redis = None if redis is None else as_kv(redis)
         self.key = keys.progress(ref)
         self.discovered_key = keys.pool_discovered(pool)
         self._last_discovery = 0.0
@@ -41,35 +41,48 @@ class Progress:
     async def publish(self, fields: Mapping[str, object]) -> None:
         if self.redis is None:
             return
-        mapping = {k: ("" if v is None else str(v)) for k, v in fields.items()}
         try:
-            async with self.redis.pipeline(transaction=True) as p:  # hash and TTL together
-                p.hset(self.key, mapping=mapping)
-                p.expire(self.key, keys.PROGRESS_TTL_S)
-                await p.execute()
+            replies = await self.redis.pipeline(self.cmds(fields), transaction=True)  # hash and TTL together
+            for r in replies:
+                if isinstance(r, Exception):
+                    raise r
             self._warned = False
-        except Exception as e:  # progress is best effort; the ledger is the record
+        except Exception as e:  # noqa: BLE001 - progress is best effort; the ledger is the record
             if not self._warned:
                 log.warning("progress update failed: %s", type(e).__name__)
                 self._warned = True
 
-    def queue(self, pipe, fields: Mapping[str, object]) -> None:
-        """Add the progress update to a pipeline the caller executes (one round trip with the settles)."""
-        pipe.hset(self.key, mapping={k: ("" if v is None else str(v)) for k, v in fields.items()})
-        pipe.expire(self.key, keys.PROGRESS_TTL_S)
+    def cmds(self, fields: Mapping[str, object]) -> list[tuple]:
+        """The progress update as commands, for a pipeline the caller executes (one round trip with the settles)."""
+        flat: list[object] = []
+        for k, v in fields.items():
+            flat += (k, "" if v is None else v)
+        return [("HSET", self.key, *flat), ("EXPIRE", self.key, keys.PROGRESS_TTL_S)]
 
-    async def discover(self, headers: Mapping[str, str], force: bool = False) -> None:
+    def discovered(self, headers: Mapping[str, str], force: bool = False) -> dict[str, str] | None:
+        """The rate-limit headers to record now (at most once a minute, or on a 429), or None."""
         if self.redis is None:
-            return
+            return None
         now = time.monotonic()
         if not force and now - self._last_discovery < DISCOVERY_EVERY_S:
-            return
+            return None
         found = rate_limit_headers(headers)
         if not found:
-            return
+            return None
         self._last_discovery = now
         found["seen_at"] = f"{time.time():.3f}"
+        return found
+
+    async def record(self, found: Mapping[str, str]) -> None:
+        flat: list[str] = []
+        for k, v in found.items():
+            flat += (k, v)
         try:
-            await self.redis.hset(self.discovered_key, mapping=found)
-        except Exception as e:
+            await self.redis.execute("HSET", self.discovered_key, *flat)
+        except Exception as e:  # noqa: BLE001 - discovery is best effort
             log.warning("limit discovery write failed: %s", type(e).__name__)
+
+    async def discover(self, headers: Mapping[str, str], force: bool = False) -> None:
+        found = self.discovered(headers, force)
+        if found:
+            await self.record(found)

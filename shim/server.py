@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -19,9 +19,10 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from contract import pricing
-from contract.models import CallRecord, Usage, utcnow
 from shim.caps import ATTEMPT_CAP, Budget, LocalBudget, ValkeyBudget, micro
 from shim.config import ShimConfig
+from shim.gate import Gate
+from shim.kv import KV, as_kv
 from shim.ledger import Ledger
 from shim.pacer import NoopPacer, Pacer, PaceRequest, ValkeyPacer, throttled_dimension
 from shim.progress import Progress
@@ -31,6 +32,7 @@ from shim.wire import (
     MESSAGES,
     SSESplitter,
     StreamMeter,
+    Usage,
     error_body,
     normalise,
     retryable_status,
@@ -68,12 +70,16 @@ class _Retry:
     content_type: str = "application/json"
 
 
-@dataclass
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(slots=True)
 class Call:
     kind: str
     route: str
     call_id: uuid.UUID = field(default_factory=uuid.uuid4)
-    started_at: datetime = field(default_factory=utcnow)
+    started_at: datetime = field(default_factory=_utcnow)
     t0: float = field(default_factory=time.monotonic)
     stream: bool = False
     http_status: int = 0
@@ -114,7 +120,8 @@ class Shim:
         self.stopped: str | None = None
         self.last_call_at: float | None = None
         self.port: int | None = None
-        self.redis = None
+        self.redis = None  # a shim.kv.KV (or a redis-py client wrapped as one)
+        self.gate: Gate | None = None
         self.budget: Budget | None = None
         self.progress: Progress | None = None
         self.session: aiohttp.ClientSession | None = None
@@ -152,20 +159,10 @@ class Shim:
     async def start(self) -> int:
         cfg = self.cfg
         if self._shared_redis is not None:
-            self.redis = self._shared_redis
+            self.redis = as_kv(self._shared_redis)
         elif cfg.valkey_url:
-            import redis.asyncio as aioredis
-            from redis.backoff import ExponentialBackoff
-            from redis.exceptions import ConnectionError as RConnErr
-            from redis.exceptions import TimeoutError as RTimeout
-            from redis.retry import Retry
-
-            # a blocking pool: a burst of concurrent calls waits for a connection instead of failing
-            pool = aioredis.BlockingConnectionPool.from_url(
-                cfg.valkey_url, max_connections=32, timeout=10, socket_timeout=5, socket_connect_timeout=5,
-                retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 4), retry_on_error=[RConnErr, RTimeout],
-            )
-            self.redis = aioredis.Redis(connection_pool=pool)
+            # one pipelined connection (shim/kv.py); connects on first use
+            self.redis = KV(cfg.valkey_url, socket_timeout_s=5, connect_timeout_s=5, retries=4)
         if self.redis is not None:
             self.budget = ValkeyBudget(self.redis, cfg.ref, cfg.limits.cost_usd, cfg.run_cost_usd, cfg.hold_ttl_s)
             if self._own_pacer:
@@ -173,6 +170,7 @@ class Shim:
                                          max_retry_after_s=cfg.max_retry_after_s)
         else:
             self.budget = LocalBudget(cfg.limits.cost_usd, cfg.run_cost_usd, cfg.hold_ttl_s)
+        self.gate = Gate(self.budget, self.pacer)
         self.progress = Progress(self.redis, cfg.ref, cfg.pool)
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
@@ -311,59 +309,64 @@ class Shim:
         return Call(kind=kind, route=route)
 
     def _finish(self, call: Call) -> None:
+        """The call's ledger row (written and flushed before anything else can run), then its settles and
+        progress in the background. A successful response has already been handed to the client here."""
         self.last_call_at = time.time()
         self.retries += call.retries
-        row = self.ledger.append(
-            CallRecord(
-                call_id=call.call_id, run=self.cfg.ref.run, instance_id=self.cfg.ref.instance_id,
-                attempt=self.cfg.ref.attempt, seq=0, pool=self.cfg.pool, provider=self.cfg.provider,
-                model=self.cfg.model, route=call.route, stream=call.stream, started_at=call.started_at,
-                input_tokens=call.usage.input_tokens, cached_tokens=call.usage.cached_tokens,
-                cache_write_tokens=call.usage.cache_write_tokens, output_tokens=call.usage.output_tokens,
-                cost_usd=call.cost, latency_ms=round((time.monotonic() - call.t0) * 1000, 3),
-                pacer_wait_ms=round(call.pacer_wait_ms, 3), retries=call.retries, http_status=call.http_status,
-                outcome=call.outcome, usage_estimated=call.estimated, raw_usage=call.raw_usage,
-            )
-        )
-        log.info("call %d %s %s -> %d %s in=%d cached=%d write=%d out=%d $%.6f retries=%d %.0fms",
-                 row.seq, call.route, "stream" if call.stream else "", call.http_status, call.outcome,
-                 row.input_tokens, row.cached_tokens, row.cache_write_tokens, row.output_tokens, row.cost_usd,
-                 row.retries, row.latency_ms)
+        u = call.usage
+        ref = self.cfg.ref
+        # contract.models.CallRecord's fields and JSON shape
+        row = self.ledger.append({
+            "call_id": str(call.call_id), "run": ref.run, "instance_id": ref.instance_id, "attempt": ref.attempt,
+            "seq": 0, "pool": self.cfg.pool, "provider": self.cfg.provider, "model": self.cfg.model,
+            "route": call.route, "stream": call.stream,
+            "started_at": call.started_at.isoformat().replace("+00:00", "Z"),
+            "input_tokens": u.input_tokens, "cached_tokens": u.cached_tokens,
+            "cache_write_tokens": u.cache_write_tokens, "output_tokens": u.output_tokens, "cost_usd": call.cost,
+            "latency_ms": round((time.monotonic() - call.t0) * 1000, 3),
+            "pacer_wait_ms": round(call.pacer_wait_ms, 3), "retries": call.retries,
+            "http_status": call.http_status, "outcome": call.outcome, "usage_estimated": call.estimated,
+            "raw_usage": call.raw_usage,
+        })
+        if log.isEnabledFor(logging.INFO):
+            log.info("call %d %s %s -> %d %s in=%d cached=%d write=%d out=%d $%.6f retries=%d %.0fms",
+                     row["seq"], call.route, "stream" if call.stream else "", call.http_status, call.outcome,
+                     u.input_tokens, u.cached_tokens, u.cache_write_tokens, u.output_tokens, call.cost,
+                     call.retries, row["latency_ms"])
         # settles and progress go to Valkey in one round trip, after the response (in_flight covers it)
-        task = asyncio.ensure_future(self._after(call, self._progress_fields()))
+        self._spawn(self._after(call, self._progress_fields()))
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
         self._bg.add(task)
         task.add_done_callback(self._bg.discard)
 
     async def _after(self, call: Call, fields: dict[str, Any]) -> None:
-        """Settle the budget hold and the last attempt's pacer booking, publish progress: one pipeline of
-        EVALSHAs (a script missing after a failover is reloaded by the Script object's own call)."""
+        """Settle the last attempt's pacer booking and the budget hold, publish progress: one pipeline (an
+        EVALSHA answered NOSCRIPT after a failover is run again with EVAL by the client)."""
         try:
-            fallbacks = []
-            pipe = self.redis.pipeline(transaction=False) if self.redis is not None else None
+            cmds: list[tuple] = []
             if call.final_pace is not None:
                 pace, used = call.final_pace
                 a_in, a_out = (None, 0) if used is None else (self._limit_input(used), used.output_tokens)
-                if pipe is not None and isinstance(self.pacer, ValkeyPacer):
-                    args = self.pacer.settle_args(pace, a_in, a_out)
-                    if args:
-                        pipe.evalsha(self.pacer._settle.sha, 2, *self.pacer.keys, *args)
-                        fallbacks.append(lambda: self.pacer.settle(pace, a_in, a_out))
+                if self.redis is not None and isinstance(self.pacer, ValkeyPacer) and self.pacer.kv is self.redis:
+                    cmd = self.pacer.settle_cmd(pace, a_in, a_out)
+                    if cmd:
+                        cmds.append(cmd)
                 else:
                     await self.pacer.settle(pace, a_in, a_out)
             if call.hold_id is not None:
                 amount = micro(call.cost)
-                if pipe is not None and isinstance(self.budget, ValkeyBudget):
-                    pipe.evalsha(self.budget._settle.sha, 4, *self.budget.keys, call.hold_id, amount)
-                    fallbacks.append(lambda: self.budget.settle(call.hold_id, amount))
+                if isinstance(self.budget, ValkeyBudget) and self.budget.kv is self.redis:
+                    cmds.append(self.budget.settle_cmd(call.hold_id, amount))
                 else:
                     await self.budget.settle(call.hold_id, amount)
-            if pipe is not None:
-                self.progress.queue(pipe, fields)
-                results = await pipe.execute(raise_on_error=False)
-                for res, again in zip(results, fallbacks):
+            if self.redis is not None:
+                cmds += self.progress.cmds(fields)
+                for res in await self.redis.pipeline(cmds):
                     if isinstance(res, Exception):
-                        await again()
-        except Exception as e:  # holds and bookings expire by themselves; the ledger is the record
+                        log.error("settle/progress after call failed: %s", res)
+        except Exception as e:  # noqa: BLE001 - holds and bookings expire by themselves; the ledger is the record
             log.error("settle/progress after call failed: %s", type(e).__name__)
         finally:
             self.in_flight -= 1
@@ -417,11 +420,16 @@ class Shim:
         if not isinstance(max_out, int) or max_out <= 0:
             max_out = min((self.price.max_output_tokens if self.price else None) or DEFAULT_MAX_OUTPUT,
                           DEFAULT_MAX_OUTPUT)
-        est = micro(est_in * self.price.input + max_out * self.price.output) if self.price else 0
+        if self.price:
+            rates = self.price.rates(est_in)  # the tier the prompt may reach, at worst
+            est = micro(est_in * rates.input + max_out * rates.output)
+        else:
+            est = 0
         hold_id = str(call.call_id)
+        pace = self._pace_request(len(payload), max_out)
         try:
-            which = await self.budget.hold(hold_id, est)
-        except Exception as e:
+            which, ok, wait_ms, answered = await self.gate.hold(hold_id, est, pace)
+        except Exception as e:  # noqa: BLE001 - any store failure is answered the same way
             self.turns -= 1
             log.error("budget hold failed: %s", type(e).__name__)
             return self._local_error(call, 503, "api_error", "budget store unavailable", "error",
@@ -432,7 +440,8 @@ class Shim:
             return self._refuse(call, "budget_exceeded", f"the {scope} cost cap does not allow this call")
         call.max_out = max_out
         call.hold_id = hold_id  # settled in _after, whatever happens from here on
-        return await self._forward(request, call, payload, self._pace_request(len(payload), max_out))
+        first = (ok, wait_ms) if answered else None
+        return await self._forward(request, call, payload, pace, first)
 
     def _pace_request(self, nbytes: int, max_out: int) -> PaceRequest:
         """What the pool is charged up front. The prompt estimate is ~4 bytes a token (settled later anyway).
@@ -479,7 +488,9 @@ class Shim:
     def _down_headers(headers) -> dict[str, str]:
         return {k: v for k, v in headers.items() if k.lower() not in _HOP}
 
-    async def _forward(self, request: web.Request, call: Call, payload: bytes, pace: PaceRequest):
+    async def _forward(self, request: web.Request, call: Call, payload: bytes, pace: PaceRequest,
+                       first: tuple[bool, float] | None = None):
+        """`first`: the ADMIT answer for the first attempt, when the gate already asked (HOLD+ADMIT)."""
         url = self.upstream + ROUTES[call.kind]
         headers = self._upstream_headers(request, call.kind)
         last: _Retry | None = None
@@ -487,7 +498,11 @@ class Shim:
             if last is not None:
                 call.retries += 1
                 await asyncio.sleep(self.backoff.delay(attempt - 1, last.headers))
-            call.pacer_wait_ms += await self.pacer.admit(pace)
+            if first is not None:
+                call.pacer_wait_ms += await self.pacer.admitted(pace, first[0], first[1])
+                first = None
+            else:
+                call.pacer_wait_ms += await self.pacer.admit(pace)
             try:
                 resp = await self.session.post(url, data=payload, headers=headers)
             except (aiohttp.ClientError, TimeoutError) as e:
@@ -500,13 +515,13 @@ class Shim:
                     if resp.status == 429:
                         await self._throttled(pace, resp.headers, data)
                     await self._pace_settle(pace, None)
-                    await self.progress.discover(resp.headers, force=resp.status == 429)
+                    self._discover(resp.headers, force=resp.status == 429)
                     if retryable_status(resp.status, data):
                         last = _Retry(resp.status, CIMultiDict(resp.headers), data, resp.content_type)
                         log.info("upstream %d (attempt %d), retrying", resp.status, attempt)
                         continue
                     return self._pass(call, resp.status, resp.headers, data, "error")
-                await self.progress.discover(resp.headers)
+                self._discover(resp.headers)
                 if not call.stream:
                     try:
                         data = await resp.read()
@@ -519,7 +534,14 @@ class Shim:
                     used = self._account(call, usage_from_body(call.kind, data), estimated=False)
                     call.final_pace = (pace, used)
                     call.http_status = 200
-                    return web.Response(status=200, body=data, headers=self._down_headers(resp.headers))
+                    out = web.Response(status=200, body=data, headers=self._down_headers(resp.headers))
+                    # hand it to the client now: the ledger row and the settles come after (in _finish)
+                    try:
+                        await out.prepare(request)
+                        await out.write_eof()
+                    except (ConnectionError, RuntimeError):
+                        pass  # the client went away; the call happened and is recorded as answered
+                    return out
                 result = await self._stream(request, call, resp, pace)
                 if isinstance(result, _Retry):
                     last = result
@@ -531,6 +553,12 @@ class Shim:
         assert last is not None
         log.warning("upstream exhausted after %d attempts (last %d)", self.cfg.max_attempts, last.status)
         return self._pass(call, last.status, last.headers, last.body, "upstream_exhausted")
+
+    def _discover(self, headers, force: bool = False) -> None:
+        """Record the pool's rate-limit headers (at most once a minute, or on a 429), off the call's path."""
+        found = self.progress.discovered(headers, force)
+        if found:
+            self._spawn(self.progress.record(found))
 
     async def _pace_settle(self, pace: PaceRequest, used: Usage | None) -> None:
         """Settle an attempt with the pool: actual usage, or (failed) no output and the input kept."""

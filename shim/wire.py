@@ -10,12 +10,49 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from contract.models import Usage
-
 CHAT = "openai"  # /v1/chat/completions
 MESSAGES = "anthropic"  # /v1/messages
 
 # ------------------------------------------------------------------ usage
+
+
+class Usage:
+    """Normalised token usage, as contract.models.Usage (input_tokens uncached; the four add up to what was
+    billed), plus the 1-hour share of the cache writes (priced apart). A plain class: no pydantic in the shim."""
+
+    __slots__ = ("cache_write_1h_tokens", "cache_write_tokens", "cached_tokens", "input_tokens", "output_tokens")
+
+    def __init__(self, input_tokens: int = 0, cached_tokens: int = 0, cache_write_tokens: int = 0,
+                 output_tokens: int = 0, cache_write_1h_tokens: int = 0):
+        self.input_tokens = input_tokens
+        self.cached_tokens = cached_tokens
+        self.cache_write_tokens = cache_write_tokens
+        self.output_tokens = output_tokens
+        self.cache_write_1h_tokens = cache_write_1h_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(self.input_tokens + other.input_tokens, self.cached_tokens + other.cached_tokens,
+                     self.cache_write_tokens + other.cache_write_tokens, self.output_tokens + other.output_tokens,
+                     self.cache_write_1h_tokens + other.cache_write_1h_tokens)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Usage) and self.model_dump() == other.model_dump() and (
+            self.cache_write_1h_tokens == other.cache_write_1h_tokens)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def model_dump(self) -> dict[str, int]:
+        """The four fields of contract.models.Usage."""
+        return {"input_tokens": self.input_tokens, "cached_tokens": self.cached_tokens,
+                "cache_write_tokens": self.cache_write_tokens, "output_tokens": self.output_tokens}
+
+    def __repr__(self) -> str:
+        return f"Usage({self.model_dump()}, cache_write_1h_tokens={self.cache_write_1h_tokens})"
+
+
+def _write_1h(details: Any) -> int:
+    """The 1-hour cache writes of an Anthropic `cache_creation` object (or LiteLLM's copy of it)."""
+    return _int(details.get("ephemeral_1h_input_tokens")) if isinstance(details, dict) else 0
 
 
 def normalise(kind: str, raw: dict[str, Any] | None) -> Usage:
@@ -23,22 +60,26 @@ def normalise(kind: str, raw: dict[str, Any] | None) -> Usage:
     if not raw:
         return Usage()
     if kind == MESSAGES:
+        write = _int(raw.get("cache_creation_input_tokens"))
         return Usage(
             input_tokens=_int(raw.get("input_tokens")),
             cached_tokens=_int(raw.get("cache_read_input_tokens")),
-            cache_write_tokens=_int(raw.get("cache_creation_input_tokens")),
+            cache_write_tokens=write,
             output_tokens=_int(raw.get("output_tokens")),
+            cache_write_1h_tokens=min(_write_1h(raw.get("cache_creation")), write),
         )
     details = raw.get("prompt_tokens_details") or {}
     cached = _int(details.get("cached_tokens"))
     # LiteLLM's Anthropic->OpenAI mapping puts cache writes in prompt_tokens too
     write = _int(details.get("cache_creation_tokens")) or _int(raw.get("cache_creation_input_tokens"))
     prompt = _int(raw.get("prompt_tokens"))
+    w1h = _write_1h(details.get("cache_creation_token_details")) or _write_1h(raw.get("cache_creation"))
     return Usage(
         input_tokens=max(prompt - cached - write, 0),
         cached_tokens=cached,
         cache_write_tokens=write,
         output_tokens=_int(raw.get("completion_tokens")),
+        cache_write_1h_tokens=min(w1h, write),
     )
 
 
