@@ -49,11 +49,14 @@ class Script:
 
 
 class _Conn(asyncio.Protocol):
+    """One connection. Each request is [replies expected, replies so far, future, sent at]; replies come back
+    in order, so the first waiter's replies are the next ones read."""
+
     __slots__ = ("closed", "reader", "transport", "waiters")
 
     def __init__(self) -> None:
         self.reader = hiredis.Reader(replyError=ReplyError)
-        self.waiters: deque[tuple[asyncio.Future, float]] = deque()
+        self.waiters: deque[list] = deque()
         self.transport: asyncio.Transport | None = None
         self.closed = False
 
@@ -71,9 +74,12 @@ class _Conn(asyncio.Protocol):
             if not waiters:  # a reply nobody asked for: the stream is out of step, drop it
                 self._fail(ConnectionError("unexpected reply from Valkey"))
                 return
-            fut, _ = waiters.popleft()
-            if not fut.done():
-                fut.set_result(reply)
+            w = waiters[0]
+            w[1].append(reply)
+            if len(w[1]) == w[0]:
+                waiters.popleft()
+                if not w[2].done():
+                    w[2].set_result(w[1])
 
     def connection_lost(self, exc) -> None:
         self.closed = True
@@ -82,26 +88,23 @@ class _Conn(asyncio.Protocol):
     def _fail(self, exc: Exception) -> None:
         self.closed = True
         while self.waiters:
-            fut, _ = self.waiters.popleft()
+            fut = self.waiters.popleft()[2]
             if not fut.done():
                 fut.set_exception(exc)
         if self.transport is not None:
             self.transport.close()
 
-    def send(self, payload: bytes, n: int) -> list[asyncio.Future]:
-        loop = asyncio.get_running_loop()
+    def send(self, payload: bytes, requests: Iterable[tuple[int, asyncio.Future]]) -> None:
         now = time.monotonic()
-        futs = [loop.create_future() for _ in range(n)]
-        self.waiters.extend((f, now) for f in futs)
+        self.waiters.extend([n, [], fut, now] for n, fut in requests)
         self.transport.write(payload)
-        return futs
 
 
 class KV:
     """The shim's Valkey client (see the module docstring). `url`: redis:// or rediss:// [user:pass@] host:port/db."""
 
     def __init__(self, url: str, socket_timeout_s: float = 5.0, connect_timeout_s: float = 5.0,
-                 retries: int = 4):
+                 retries: int = 4, defer_s: float = 0.005):
         u = urlparse(url)
         if u.scheme not in ("redis", "rediss"):
             raise ValueError(f"unsupported Valkey URL scheme {u.scheme!r}")
@@ -124,6 +127,9 @@ class KV:
         self._connecting: asyncio.Future | None = None
         self._scripts: dict[str, str] = {}
         self._watchdog: asyncio.TimerHandle | None = None
+        self.defer_s = defer_s
+        self._queue: list[tuple[bytes, int, asyncio.Future]] = []  # (payload, replies, future of the replies)
+        self._timer: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------ connection
 
@@ -138,9 +144,9 @@ class KV:
         if self.db:
             hello.append(("SELECT", self.db))
         if hello:
-            replies = await asyncio.wait_for(
-                asyncio.gather(*conn.send(b"".join(hiredis.pack_command(c) for c in hello), len(hello))),
-                self.connect_timeout_s)
+            fut = loop.create_future()
+            conn.send(b"".join(hiredis.pack_command(c) for c in hello), [(len(hello), fut)])
+            replies = await asyncio.wait_for(fut, self.connect_timeout_s)
             for r in replies:
                 if isinstance(r, Exception):
                     conn._fail(ConnectionError(f"Valkey handshake failed: {r}"))
@@ -168,7 +174,7 @@ class KV:
         """Once a second: a connection whose oldest request waited past the socket timeout is dropped."""
         conn = self._conn
         if conn is not None and conn.waiters and not conn.closed:
-            if time.monotonic() - conn.waiters[0][1] > self.socket_timeout_s:
+            if time.monotonic() - conn.waiters[0][3] > self.socket_timeout_s:
                 conn._fail(TimeoutError("Valkey did not answer in time"))
         self._watchdog = asyncio.get_running_loop().call_later(1.0, self._watch)
 
@@ -182,31 +188,65 @@ class KV:
 
     # ------------------------------------------------------------ commands
 
-    async def _send(self, cmds: Sequence[tuple]) -> list[Any]:
+    async def _send(self, cmds: Sequence[tuple], defer: bool = False) -> list[Any]:
+        """Send commands, return their replies (error replies as exceptions, in their slots).
+
+        defer=True: not urgent (settles, progress). The commands wait up to `defer_s` and go out with the next
+        urgent request (one write, one round trip) or on their own when the timer fires: fewer syscalls and
+        round trips per call when calls overlap, and never on a call's critical path."""
         payload = b"".join([hiredis.pack_command(c) for c in cmds])
+        loop = asyncio.get_running_loop()
         delay = 0.05
         for attempt in range(self.retries + 1):
+            fut = loop.create_future()
+            self._queue.append((payload, len(cmds), fut))
+            if defer and attempt == 0:
+                if self._timer is None:
+                    self._timer = loop.call_later(self.defer_s, self._kick)
+            else:
+                await self._flush()
             try:
-                conn = await self._get()
-                futs = conn.send(payload, len(cmds))
-                if len(futs) == 1:
-                    return [await futs[0]]
-                out = []
-                for f in futs:
-                    try:
-                        out.append(await f)
-                    except (ConnectionError, TimeoutError):
-                        for g in futs:  # the rest fail the same way; consume them
-                            if g.done() and not g.cancelled():
-                                g.exception()
-                        raise
-                return out
+                return await fut
             except (ConnectionError, OSError, TimeoutError):
                 if attempt == self.retries:
                     raise
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
         raise AssertionError("unreachable")
+
+    def _kick(self) -> None:
+        self._timer = None
+        if self._queue:
+            conn = self._conn
+            if conn is not None and not conn.closed:
+                self._write(conn)
+            else:
+                asyncio.ensure_future(self._flush())
+
+    async def _flush(self) -> None:
+        """Write everything queued (deferred commands ride along with an urgent one)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        try:
+            conn = await self._get()
+        except (ConnectionError, OSError, TimeoutError) as e:
+            batch, self._queue = self._queue, []
+            err = e if isinstance(e, (ConnectionError, TimeoutError)) else ConnectionError(str(e))
+            for _, _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(err)
+            return
+        if self._queue:
+            self._write(conn)
+
+    def _write(self, conn: _Conn) -> None:
+        batch, self._queue = self._queue, []
+        if len(batch) == 1:
+            payload, n, fut = batch[0]
+            conn.send(payload, ((n, fut),))
+        else:
+            conn.send(b"".join([b[0] for b in batch]), [(b[1], b[2]) for b in batch])
 
     async def execute(self, *args: Any) -> Any:
         (reply,) = await self._send([args])
@@ -227,16 +267,17 @@ class KV:
             return await self.execute("EVAL", script.text, len(keys), *keys, *args)  # loads it too
         return reply
 
-    async def pipeline(self, cmds: Sequence[tuple], transaction: bool = False) -> list[Any]:
+    async def pipeline(self, cmds: Sequence[tuple], transaction: bool = False, defer: bool = False) -> list[Any]:
         """Several commands in one round trip; replies in order, an error reply as an exception in its slot.
-        An EVALSHA of a registered script answered NOSCRIPT is run again with EVAL (one more round trip)."""
+        An EVALSHA of a registered script answered NOSCRIPT is run again with EVAL (one more round trip).
+        defer: not urgent, may wait a few ms to share a write and a round trip (see _send)."""
         if transaction:
             replies = await self._send([("MULTI",), *cmds, ("EXEC",)])
             exec_reply = replies[-1]
             if isinstance(exec_reply, Exception):
                 return [exec_reply] * len(cmds)
             return list(exec_reply)
-        replies = await self._send(cmds)
+        replies = await self._send(cmds, defer)
         for i, (cmd, reply) in enumerate(zip(cmds, replies, strict=True)):
             if is_noscript(reply) and cmd[0] == "EVALSHA" and cmd[1] in self._scripts:
                 try:
@@ -268,7 +309,7 @@ class RedisPyKV:
         except NoScriptError:
             return await self.client.eval(script.text, len(keys), *keys, *args)
 
-    async def pipeline(self, cmds: Iterable[tuple], transaction: bool = False) -> list[Any]:
+    async def pipeline(self, cmds: Iterable[tuple], transaction: bool = False, defer: bool = False) -> list[Any]:
         cmds = list(cmds)
         async with self.client.pipeline(transaction=transaction) as pipe:
             for c in cmds:

@@ -363,7 +363,7 @@ class Shim:
                     await self.budget.settle(call.hold_id, amount)
             if self.redis is not None:
                 cmds += self.progress.cmds(fields)
-                for res in await self.redis.pipeline(cmds):
+                for res in await self.redis.pipeline(cmds, defer=True):
                     if isinstance(res, Exception):
                         log.error("settle/progress after call failed: %s", res)
         except Exception as e:  # noqa: BLE001 - holds and bookings expire by themselves; the ledger is the record
@@ -656,14 +656,30 @@ class Shim:
         await out.prepare(request)
         call.http_status = 200
         cut: str | None = None
+        # the bytes that end the response go out with the chunked terminator in one write (write_eof)
+        tail = b"".join(buffered)
         try:
-            for chunk in buffered:
-                await self._write(out, chunk)
             if not meter.done and meter.error is None:
+                await self._write(out, tail)  # headers and what was held back: one write
+                tail = b""
                 async for chunk in chunks:
                     for event, data in split.feed(chunk):
                         meter.on_event(event, data)
+                    if meter.done or meter.error is not None:
+                        tail = chunk
+                        break
                     await self._write(out, chunk)
+            if meter.done or meter.error is not None:
+                # the stream is over: end the response now, then drain the upstream body for the meter (and
+                # to keep the connection reusable); nothing after the final or error event is relayed
+                await self._write_eof(out, tail)
+                tail = None
+                try:
+                    async for chunk in chunks:
+                        for event, data in split.feed(chunk):
+                            meter.on_event(event, data)
+                except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError):
+                    pass  # the harness has its whole answer
         except _ClientGone:
             cut = "client disconnected"
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as e:
@@ -682,16 +698,14 @@ class Shim:
             call.outcome = "stream_error"
             if cut is not None:
                 log.warning("stream cut: %s", cut)
+        if tail is not None:
             if cut is not None and cut != "client disconnected":
                 # tell the harness the stream broke (both SDKs raise on an in-stream error)
-                try:
-                    await self._write(out, self._sse_error(call.kind, cut))
-                except _ClientGone:
-                    pass
-        try:
-            await out.write_eof()
-        except (ConnectionError, RuntimeError):
-            pass
+                tail += self._sse_error(call.kind, cut)
+            try:
+                await self._write_eof(out, tail)
+            except _ClientGone:
+                pass
         call.final_pace = (pace, used)
         return out
 
@@ -702,6 +716,13 @@ class Shim:
             return b"event: error\ndata: " + json.dumps(doc).encode() + b"\n\n"
         doc = {"error": {"type": "server_error", "message": message}}
         return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+    @staticmethod
+    async def _write_eof(out: web.StreamResponse, chunk: bytes) -> None:
+        try:
+            await out.write_eof(chunk)
+        except (ConnectionError, RuntimeError) as e:
+            raise _ClientGone from e
 
     @staticmethod
     async def _write(out: web.StreamResponse, chunk: bytes) -> None:
