@@ -1,5 +1,11 @@
 """The results writer: consume the run's results queue, land rows idempotently, then delete the messages.
 
+Messages are decoded once (orjson): attempt results and verdicts into their pydantic models; ledger rows stay JSON
+values that COPY hands to PostgreSQL, which types them against the calls table (ledger rows are ten or more per
+attempt: typing them in Python first, then again in the database, was most of the writer's cost). A batch the
+database refuses is landed message by message, and a message it refuses on its own is left on the queue for its
+dead-letter queue.
+
 Order per batch: land every message's rows in one transaction and commit; enqueue eval jobs for
 attempts that just became PATCH_READY and mark them enqueued; only then delete the messages. A crash
 anywhere re-delivers the batch and the unique keys absorb the repeats; `sweep()` re-enqueues eval
@@ -11,9 +17,13 @@ from __future__ import annotations
 import logging
 import operator
 import threading
+from dataclasses import dataclass, field
+from typing import Any
 
+import orjson
 import psycopg
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Jsonb, set_json_dumps
+from pydantic_core import PydanticUndefined
 
 from contract import aws
 from contract.models import (
@@ -33,11 +43,71 @@ from dispatcher.resources import RunResources
 
 log = logging.getLogger("evalplane.writer")
 
-_CALL_COLUMNS = (
-    "call_id", "run", "instance_id", "attempt", "seq", "pool", "provider", "model", "route", "stream", "started_at",
-    "input_tokens", "cached_tokens", "cache_write_tokens", "output_tokens", "cost_usd", "latency_ms",
-    "pacer_wait_ms", "retries", "http_status", "outcome", "usage_estimated", "raw_usage",
-)
+_CALL_COLUMNS = tuple(CallRecord.model_fields)  # the calls table's columns, in the model's words
+# Fields a producer may leave out take the model's defaults (the base record of jsonb_populate_recordset).
+_CALL_DEFAULTS = {name: f.default for name, f in CallRecord.model_fields.items()
+                  if f.default is not PydanticUndefined and f.default_factory is None}
+_COPY_CALLS = f"COPY calls ({', '.join(_CALL_COLUMNS)}) FROM STDIN"
+_COPY_STAGE = f"COPY calls_stage ({', '.join(_CALL_COLUMNS)}) FROM STDIN"
+_JSON_COLUMNS = frozenset(name for name, f in CallRecord.model_fields.items() if "dict" in str(f.annotation))
+
+
+_row_values = operator.itemgetter(*_CALL_COLUMNS)
+_JSON_AT = tuple(i for i, c in enumerate(_CALL_COLUMNS) if c in _JSON_COLUMNS)
+
+
+def _copy_values(row: dict[str, Any]) -> list[Any]:
+    """A ledger row as COPY values: text stays text (PostgreSQL types it), objects become jsonb; a field the
+    producer left out takes the model's default (one without a default is NULL, which the table refuses)."""
+    try:
+        values = list(_row_values(row))
+    except KeyError:
+        values = [row.get(c, _CALL_DEFAULTS.get(c)) for c in _CALL_COLUMNS]
+    for i in _JSON_AT:
+        if values[i] is not None:
+            values[i] = Jsonb(values[i])
+    return values
+
+
+class Undeliverable(ValueError):
+    """A message that cannot be landed (unreadable, or refused by the database on its own)."""
+
+
+@dataclass(slots=True)
+class Incoming:
+    """One results message, decoded: its typed part, and its ledger rows still as JSON values."""
+
+    msg: LedgerBatch | AttemptResult | Verdict  # a LedgerBatch's and an AttemptResult's rows are moved to `rows`
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        return self.msg.kind
+
+    @classmethod
+    def decode(cls, body: str | bytes) -> Incoming:
+        try:
+            doc = orjson.loads(body)
+            msg = doc["msg"]
+            rows_key = {"ledger": "rows", "attempt_result": "ledger"}.get(msg.get("kind"))
+            rows = msg.pop(rows_key, []) if rows_key else []
+            if rows_key == "rows":
+                msg["rows"] = []
+            if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+                raise ValueError(f"msg.{rows_key}: expected a list of objects")
+            return cls(Envelope.model_validate(doc).msg, rows)
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            raise Undeliverable(f"unreadable results message: {e}") from e
+
+    @classmethod
+    def of(cls, env: Envelope) -> Incoming:
+        """From a typed envelope (tests, and anything built in Python)."""
+        m = env.msg
+        if isinstance(m, LedgerBatch):
+            return cls(m.model_copy(update={"rows": []}), [r.model_dump(mode="json") for r in m.rows])
+        if isinstance(m, AttemptResult):
+            return cls(m.model_copy(update={"ledger": []}), [r.model_dump(mode="json") for r in m.ledger])
+        return cls(m)
 
 
 _ATTEMPT_COLUMNS = (
@@ -47,26 +117,28 @@ _ATTEMPT_COLUMNS = (
 )
 
 
-_call_fields = operator.attrgetter(*_CALL_COLUMNS)
-_RAW_USAGE = _CALL_COLUMNS.index("raw_usage")
-
-
 _ATTEMPT_TYPES = ("text", "text", "int", "text", "text", "text", "text", "text", "text", "int", "text", "int", "bigint",
                   "bigint", "bigint", "bigint", "numeric", "float8", "timestamptz", "timestamptz", "text")
-# One statement per batch: the columns as arrays, unnested; DISTINCT ON drops a repeat inside the batch.
-_INSERT_ATTEMPTS = (
-    f"INSERT INTO attempts ({', '.join(_ATTEMPT_COLUMNS)}) SELECT DISTINCT ON (run, instance_id, attempt) * FROM unnest("
-    + ", ".join(f"%s::{t}[]" for t in _ATTEMPT_TYPES)
-    + f") AS t({', '.join(_ATTEMPT_COLUMNS)}) ON CONFLICT (run, instance_id, attempt) DO NOTHING"
-    " RETURNING run, instance_id, attempt, status"
+# One statement per batch, one JSON parameter: the attempt rows (DISTINCT ON drops a repeat inside the batch), and
+# a harness phase row for each attempt row that is new (RETURNING tells: a redelivery returns nothing).
+_INSERT_ATTEMPTS = f"""
+WITH src AS (
+    SELECT * FROM jsonb_to_recordset(%s::jsonb) AS t({", ".join(f"{c} {t}" for c, t in zip(_ATTEMPT_COLUMNS,
+                                                                                         _ATTEMPT_TYPES))}, detail jsonb)
+), new AS (
+    INSERT INTO attempts ({", ".join(_ATTEMPT_COLUMNS)})
+    SELECT DISTINCT ON (run, instance_id, attempt) {", ".join(_ATTEMPT_COLUMNS)} FROM src
+    ON CONFLICT (run, instance_id, attempt) DO NOTHING
+    RETURNING run, instance_id, attempt, status
+), phase AS (
+    INSERT INTO phases (run, instance_id, attempt, phase, started_at, ended_at, outcome, detail)
+    SELECT DISTINCT ON (run, instance_id, attempt) run, instance_id, attempt, 'harness', started_at, ended_at,
+           outcome, detail
+    FROM src JOIN new USING (run, instance_id, attempt)
+    ON CONFLICT DO NOTHING
 )
-
-
-def _call_row(r: CallRecord) -> tuple:
-    row = list(_call_fields(r))
-    if row[_RAW_USAGE] is not None:
-        row[_RAW_USAGE] = Jsonb(row[_RAW_USAGE])
-    return tuple(row)
+SELECT run, instance_id, attempt, status FROM new
+"""
 
 
 _VERDICT_STATUS = {
@@ -87,83 +159,84 @@ class ResultsWriter:
     def conn(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed:
             self._conn = psycopg.connect(self.database_url)
-            with self._conn.transaction():  # staging tables for COPY, once per session
+            set_json_dumps(orjson.dumps, context=self._conn)
+            with self._conn.transaction():  # the staging table for redelivered ledger rows, once per session
                 self._conn.execute("CREATE TEMP TABLE calls_stage (LIKE calls INCLUDING DEFAULTS) ON COMMIT DELETE ROWS")
         return self._conn
 
     # ------------------------------------------------------------ landing
 
-    def land(self, messages: list[Envelope]) -> list[AttemptRef]:
+    def land(self, messages: list[Incoming | Envelope]) -> list[AttemptRef]:
         """Land a batch in one transaction; return the attempts that became PATCH_READY."""
+        batch = [m if isinstance(m, Incoming) else Incoming.of(m) for m in messages]
         ready: list[AttemptRef] = []
         with self.conn.transaction(), self.conn.cursor() as cur:
-            rows = [_call_row(r) for m in messages if isinstance(m.msg, (LedgerBatch, AttemptResult))
-                    for r in (m.msg.rows if isinstance(m.msg, LedgerBatch) else m.msg.ledger)]
+            rows = [r for m in batch for r in m.rows]
             if rows:
                 self._copy_calls(cur, rows)
-            results = [m.msg for m in messages if isinstance(m.msg, AttemptResult)]
+            results = [m.msg for m in batch if isinstance(m.msg, AttemptResult)]
             if results:
                 ready = self._land_attempts(cur, results)
-            for m in messages:
+            for m in batch:
                 if isinstance(m.msg, Verdict):
                     self._land_verdict(cur, m.msg)
-        for m in messages:
-            self.landed[m.msg.kind] += 1
+        for m in batch:
+            self.landed[m.kind] += 1
         return ready
 
     @staticmethod
-    def _copy_calls(cur, rows: list[tuple]) -> None:
-        """COPY straight into the ledger; only if a row is already there (a redelivered batch) fall back to COPY
-        into a staging table and one INSERT .. ON CONFLICT DO NOTHING, so the call_id key absorbs the repeat."""
-        cols = ", ".join(_CALL_COLUMNS)
+    def _copy_calls(cur, rows: list[dict[str, Any]]) -> None:
+        """COPY straight into the ledger; only if a row is already there (a redelivered message) COPY into a
+        staging table and INSERT .. ON CONFLICT DO NOTHING from it, so the call_id key absorbs the repeat."""
+        values = [_copy_values(r) for r in rows]
         try:
-            with cur.connection.transaction():  # a savepoint: the fast path's failure costs nothing else
-                with cur.copy(f"COPY calls ({cols}) FROM STDIN") as copy:
-                    for row in rows:
-                        copy.write_row(row)
+            with cur.connection.transaction(), cur.copy(_COPY_CALLS) as copy:  # a savepoint: cheap to fail
+                for v in values:
+                    copy.write_row(v)
             return
         except psycopg.errors.UniqueViolation:
             pass
-        with cur.copy(f"COPY calls_stage ({cols}) FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(row)
+        with cur.copy(_COPY_STAGE) as copy:
+            for v in values:
+                copy.write_row(v)
         cur.execute("INSERT INTO calls SELECT * FROM calls_stage ON CONFLICT (call_id) DO NOTHING")
+
+    def land_each(self, batch: list[Incoming]) -> tuple[list[AttemptRef], list[int]]:
+        """Land a refused batch one message at a time; returns what became PATCH_READY and the indexes of the
+        messages the database refused on their own (left for the dead-letter queue)."""
+        ready, refused = [], []
+        for i, m in enumerate(batch):
+            try:
+                ready += self.land([m])
+            except (psycopg.DataError, psycopg.IntegrityError) as e:  # bad values, missing ones: this message
+                log.error("results message refused by the database, left for the dead-letter queue: %s", e)
+                refused.append(i)
+        return ready, refused
 
     @staticmethod
     def _land_attempts(cur, results: list[AttemptResult]) -> list[AttemptRef]:
-        """The batch's attempt rows in one INSERT .. ON CONFLICT DO NOTHING RETURNING, which tells which are new (a
-        redelivery returns nothing); only those get their harness phase row, in one more statement. Returns the
-        attempts that became PATCH_READY."""
+        """The batch's attempt rows and, for those that are new, their harness phase rows (one statement).
+        Returns the attempts that became PATCH_READY."""
         rows = []
         for r in results:
             if r.outcome is HarnessOutcome.CANCELLED:
                 status = AttemptStatus.CANCELLED  # never graded
             else:
                 status = AttemptStatus.PATCH_READY if r.patch_bytes > 0 else AttemptStatus.EMPTY_PATCH
-            rows.append((
-                r.ref.run, r.ref.instance_id, r.ref.attempt, r.harness, r.pool, r.model, r.outcome.value,
-                status.value, r.patch_uri, r.patch_bytes, r.trajectory_uri, r.totals.calls, r.totals.input_tokens,
-                r.totals.cached_tokens, r.totals.cache_write_tokens, r.totals.output_tokens, r.totals.cost_usd,
-                (r.ended_at - r.started_at).total_seconds(), r.started_at, r.ended_at, r.error,
-            ))
-        cols = list(zip(*rows))
-        cur.execute(_INSERT_ATTEMPTS, [list(c) for c in cols])
-        new = {(r, i, a): st for r, i, a, st in cur.fetchall()}
-        ready = [AttemptRef(run=r, instance_id=i, attempt=a) for (r, i, a), st in new.items()
-                 if st == AttemptStatus.PATCH_READY.value]
-        phases = {(r.ref.run, r.ref.instance_id, r.ref.attempt): r for r in results}
-        mine = [phases[k] for k in new]
-        if mine:
-            cur.execute(
-                """INSERT INTO phases (run, instance_id, attempt, phase, started_at, ended_at, outcome, detail)
-                   SELECT run, iid, att, 'harness', s, e, o, d
-                   FROM unnest(%s::text[], %s::text[], %s::int[], %s::timestamptz[], %s::timestamptz[], %s::text[],
-                               %s::jsonb[]) AS t(run, iid, att, s, e, o, d)
-                   ON CONFLICT DO NOTHING""",
-                [[r.ref.run for r in mine], [r.ref.instance_id for r in mine], [r.ref.attempt for r in mine],
-                 [r.started_at for r in mine], [r.ended_at for r in mine], [r.outcome.value for r in mine],
-                 [Jsonb({"ledger_calls": r.ledger_calls, "error": r.error}) for r in mine]])
-        return ready
+            t = r.totals
+            rows.append({
+                "run": r.ref.run, "instance_id": r.ref.instance_id, "attempt": r.ref.attempt, "harness": r.harness,
+                "pool": r.pool, "model": r.model, "outcome": r.outcome.value, "status": status.value,
+                "patch_uri": r.patch_uri, "patch_bytes": r.patch_bytes, "trajectory_uri": r.trajectory_uri,
+                "calls": t.calls, "input_tokens": t.input_tokens, "cached_tokens": t.cached_tokens,
+                "cache_write_tokens": t.cache_write_tokens, "output_tokens": t.output_tokens, "cost_usd": t.cost_usd,
+                "wall_time_s": (r.ended_at - r.started_at).total_seconds(), "started_at": r.started_at.isoformat(),
+                "ended_at": r.ended_at.isoformat(), "error": r.error,
+                "detail": {"ledger_calls": r.ledger_calls, "error": r.error},
+            })
+        cur.execute(_INSERT_ATTEMPTS, (Jsonb(rows),))
+        return [AttemptRef(run=r, instance_id=i, attempt=a) for r, i, a, st in cur.fetchall()
+                if st == AttemptStatus.PATCH_READY.value]
 
     def _land_verdict(self, cur, v: Verdict) -> None:
         status = _VERDICT_STATUS.get(v.outcome, AttemptStatus.EVAL_ERROR)
@@ -229,22 +302,25 @@ class ResultsWriter:
                 break
         if not msgs:
             return 0
-        envelopes, bad = [], []
+        batch, keep = [], []
         for m in msgs:
             try:
-                envelopes.append(Envelope.model_validate_json(m["Body"]))
-            except ValueError as e:
-                log.error("unreadable results message left for the dead-letter queue: %s", e)
-                bad.append(m)
-        ready = self.land(envelopes)
+                batch.append(Incoming.decode(m["Body"]))
+                keep.append(m)
+            except Undeliverable as e:
+                log.error("%s; left for the dead-letter queue", e)
+        try:
+            ready = self.land(batch)
+        except (psycopg.DataError, psycopg.IntegrityError):
+            ready, refused = self.land_each(batch)
+            keep = [m for i, m in enumerate(keep) if i not in set(refused)]
         self.enqueue_eval(ready)
-        good = [m for m in msgs if m not in bad]
-        for i in range(0, len(good), 10):
+        for i in range(0, len(keep), 10):
             sqs.delete_message_batch(
                 QueueUrl=self.res.results_queue_url,
-                Entries=[{"Id": str(j), "ReceiptHandle": m["ReceiptHandle"]} for j, m in enumerate(good[i:i + 10])],
+                Entries=[{"Id": str(j), "ReceiptHandle": m["ReceiptHandle"]} for j, m in enumerate(keep[i:i + 10])],
             )
-        return len(good)
+        return len(keep)
 
     def run_until(self, stop: threading.Event) -> None:
         self.sweep()

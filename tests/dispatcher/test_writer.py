@@ -127,3 +127,27 @@ def test_rows_riding_with_the_result_land_with_it_once(run, pg):
     assert [r[0] for r in got.fetchall()] == [1, 2, 3]
     assert pg.execute("SELECT count(*) FROM attempts WHERE run=%s AND instance_id=%s",
                       (res.run, ref.instance_id)).fetchone()[0] == 1
+
+
+def test_a_row_the_database_refuses_keeps_only_its_own_message_back(run, pg):
+    """Ledger rows are typed by PostgreSQL: a bad value fails the batch, the batch is landed message by message,
+    and only the refused message stays on the queue (for its dead-letter queue). A field left out takes the
+    model's default."""
+    res, writer = run
+    good = AttemptRef(run=res.run, instance_id="a__b-5", attempt=1)
+    bad = AttemptRef(run=res.run, instance_id="a__b-6", attempt=1)
+    rows = [r.model_dump(mode="json") for r in calls(good, 2)]
+    del rows[0]["stream"], rows[0]["retries"]  # a producer that leaves defaults out
+    bad_rows = [r.model_dump(mode="json") for r in calls(bad, 2)]
+    bad_rows[1]["input_tokens"] = "many"
+    for ref, rs in ((good, rows), (bad, bad_rows)):
+        aws.send(res.results_queue_url, json.dumps({"msg": {"kind": "ledger", "ref": ref.model_dump(), "rows": rs}}))
+    send_all(res, [result(good, 0)])
+    drain(writer)
+    got = pg.execute("SELECT instance_id, count(*), bool_or(stream), sum(retries) FROM calls WHERE run=%s"
+                     " GROUP BY instance_id", (res.run,)).fetchall()
+    assert got == [("a__b-5", 2, False, 0)]
+    assert pg.execute("SELECT count(*) FROM attempts WHERE run=%s", (res.run,)).fetchone()[0] == 1
+    left = aws.client("sqs").get_queue_attributes(QueueUrl=res.results_queue_url, AttributeNames=[
+        "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
+    assert int(left["ApproximateNumberOfMessages"]) + int(left["ApproximateNumberOfMessagesNotVisible"]) == 1
