@@ -1,4 +1,4 @@
-"""The shim's aiohttp server: auth swap, caps, forwarding with retries, SSE relay, metering."""
+"""The shim's server: auth swap, caps, forwarding with retries, SSE relay, metering (HTTP: shim/http.py)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
-from aiohttp import web
-from multidict import CIMultiDict
-
 from contract import pricing
 from shim.caps import ATTEMPT_CAP, Budget, LocalBudget, ValkeyBudget, micro
 from shim.config import ShimConfig
 from shim.gate import Gate
+from shim.http import (
+    Headers,
+    Request,
+    Responder,
+    Server,
+    Upstream,
+    UpstreamError,
+)
 from shim.kv import KV, as_kv
 from shim.ledger import Ledger
 from shim.pacer import NoopPacer, Pacer, PaceRequest, ValkeyPacer, throttled_dimension
@@ -50,10 +54,12 @@ _HOP = frozenset(
         "transfer-encoding", "upgrade", "content-length", "host", "date", "server",
     }
 )
-# content-encoding passes through with the bytes (auto_decompress=False; we ask for identity anyway)
-# content-encoding: aiohttp has already decoded the harness's body, and we send it as read
-_DROP_UP = _HOP | {"authorization", "x-api-key", "accept-encoding", "cookie", "content-encoding"}
-NO_RETRY = {"x-should-retry": "false"}
+# content-encoding passes through with the bytes downstream (we ask for identity anyway);
+# content-encoding upstream: shim/http.py has already decoded the harness's body, and we send it as read
+_DROP_UP = _HOP | {"authorization", "x-api-key", "accept-encoding", "cookie", "content-encoding", "expect"}
+NO_RETRY = (("x-should-retry", "false"),)
+_JSON = ("Content-Type", "application/json")
+_UPSTREAM_ERRORS = (UpstreamError, TimeoutError, OSError)
 
 
 class _ClientGone(Exception):
@@ -65,7 +71,7 @@ class _Retry:
     """An attempt that failed in a way worth retrying; the last one is passed through if all fail."""
 
     status: int
-    headers: Mapping[str, str]  # case-insensitive when it came from upstream
+    headers: Mapping[str, str]  # shim.http.Headers (case-insensitive) when it came from upstream
     body: bytes
     content_type: str = "application/json"
 
@@ -95,6 +101,7 @@ class Call:
     raws: list[dict[str, Any] | None] = field(default_factory=list)  # raw usage of each metered attempt
     hold_id: str | None = None  # a budget hold to settle once the call is over
     final_pace: tuple[PaceRequest, Usage | None] | None = None  # the last attempt's pacer settle, likewise
+    resp: Responder | None = None  # how this call answers the harness
 
 
 class Shim:
@@ -124,8 +131,10 @@ class Shim:
         self.gate: Gate | None = None
         self.budget: Budget | None = None
         self.progress: Progress | None = None
-        self.session: aiohttp.ClientSession | None = None
-        self.runner: web.AppRunner | None = None
+        self.http: Upstream | None = None
+        self.server: Server | None = None
+        self._routes = {path: kind for kind, path in ROUTES.items()}
+        self._routes.update({path[3:]: kind for kind, path in ROUTES.items()})  # base URL without /v1
         self._bg: set[asyncio.Task] = set()
         self._heartbeat: asyncio.Task | None = None
         self.ready = False
@@ -140,21 +149,29 @@ class Shim:
                         "cannot bind", self.cfg.model, type(e).__name__)
             return None
 
-    def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.cfg.max_body_bytes)
-        app.router.add_get("/_shim/health", self.health)
-        app.router.add_get("/_shim/status", self.status_handler)
-        for kind, path in ROUTES.items():
-            app.router.add_post(path, self._route(kind))
-            app.router.add_post(path[3:], self._route(kind))  # base URL without /v1
-        app.router.add_route("*", "/{tail:.*}", self.unknown)
-        return app
+    async def dispatch(self, request: Request, resp: Responder) -> None:
+        """Routes: POST /v1/chat/completions, /v1/messages (and without /v1); GET /_shim/health, /_shim/status;
+        anything else is an unknown route (404, with a ledger row)."""
+        if request.method == "POST":
+            kind = self._routes.get(request.path)
+            if kind is not None:
+                await self.proxy(request, resp, kind)
+                return
+        elif request.method in ("GET", "HEAD"):
+            if request.path == "/_shim/health":
+                self._json(resp, {"ok": self.ready}, 200 if self.ready else 503)
+                return
+            if request.path == "/_shim/status":
+                self._json(resp, self.status(), 200)
+                return
+        await self.unknown(request, resp)
 
-    def _route(self, kind: str):
-        async def handler(request: web.Request) -> web.StreamResponse:
-            return await self.proxy(request, kind)
-
-        return handler
+    @staticmethod
+    def _json(resp: Responder, doc: Any, status: int, headers: tuple = ()) -> None:
+        try:
+            resp.send(status, (_JSON, *headers), json.dumps(doc).encode())
+        except ConnectionError:
+            pass  # the client went away; a call still gets its ledger row
 
     async def start(self) -> int:
         cfg = self.cfg
@@ -172,22 +189,10 @@ class Shim:
             self.budget = LocalBudget(cfg.limits.cost_usd, cfg.run_cost_usd, cfg.hold_ttl_s)
         self.gate = Gate(self.budget, self.pacer)
         self.progress = Progress(self.redis, cfg.ref, cfg.pool)
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
-            timeout=aiohttp.ClientTimeout(
-                total=None, connect=cfg.connect_timeout_s, sock_connect=cfg.connect_timeout_s,
-                sock_read=cfg.sock_read_timeout_s,
-            ),
-            auto_decompress=False,
-        )
+        self.http = Upstream(self.upstream, cfg.connect_timeout_s, cfg.sock_read_timeout_s)
         self.ledger.start()
-        self.runner = web.AppRunner(
-            self.make_app(), access_log=None, shutdown_timeout=cfg.shutdown_timeout_s, handle_signals=False
-        )
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, cfg.listen_host, cfg.listen_port)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.server = Server(self.dispatch, cfg.max_body_bytes)
+        self.port = await self.server.start(cfg.listen_host, cfg.listen_port)
         await self.progress.publish(self._progress_fields())
         self._heartbeat = asyncio.create_task(self._beat(), name="progress-heartbeat")
         self.ready = True
@@ -202,8 +207,8 @@ class Shim:
     async def stop(self) -> bool:
         """Stop serving (in-flight calls get shutdown_timeout_s), flush the ledger, write status."""
         self.ready = False
-        if self.runner is not None:
-            await self.runner.cleanup()
+        if self.server is not None:
+            await self.server.shutdown(self.cfg.shutdown_timeout_s)
         # cancelled handlers still write their ledger row (and settle their hold): let them finish
         deadline = time.monotonic() + 5
         while self.in_flight and time.monotonic() < deadline:
@@ -215,8 +220,8 @@ class Shim:
         sent_all = await self.ledger.close(self.cfg.sqs_flush_timeout_s)
         if self.progress is not None:
             await self.progress.publish(self._progress_fields())
-        if self.session is not None:
-            await self.session.close()
+        if self.http is not None:
+            self.http.close()
         if self.redis is not None and self._shared_redis is None:
             await self.redis.aclose()
         self.write_status()
@@ -260,24 +265,19 @@ class Shim:
             "heartbeat_at": f"{time.time():.3f}",
         }
 
-    async def health(self, request: web.Request) -> web.Response:
-        return web.json_response({"ok": self.ready}, status=200 if self.ready else 503)
-
-    async def status_handler(self, request: web.Request) -> web.Response:
-        return web.json_response(self.status())
-
     # ------------------------------------------------------------ entry points
 
-    def _authorized(self, request: web.Request) -> bool:
+    def _authorized(self, request: Request) -> bool:
         token = request.headers.get("x-api-key")
         if not token:
             auth = request.headers.get("authorization", "")
             token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
         return hmac.compare_digest(token.encode(), self.cfg.local_token.encode())
 
-    async def unknown(self, request: web.Request) -> web.StreamResponse:
+    async def unknown(self, request: Request, resp: Responder) -> None:
         kind = MESSAGES if "messages" in request.path else CHAT
         call = self._begin(kind, request.path)
+        call.resp = resp
         try:
             if not self._authorized(request):
                 return self._local_error(call, 401, "authentication_error", "invalid local token", "unauthorized")
@@ -287,8 +287,9 @@ class Shim:
         finally:
             self._finish(call)
 
-    async def proxy(self, request: web.Request, kind: str) -> web.StreamResponse:
+    async def proxy(self, request: Request, resp: Responder, kind: str) -> None:
         call = self._begin(kind, request.path)
+        call.resp = resp
         try:
             return await self._handle(request, call)
         except asyncio.CancelledError:
@@ -373,17 +374,16 @@ class Shim:
 
     # ------------------------------------------------------------ the call
 
-    async def _handle(self, request: web.Request, call: Call) -> web.StreamResponse:
+    async def _handle(self, request: Request, call: Call) -> None:
         if not self._authorized(request):
             return self._local_error(call, 401, "authentication_error", "invalid local token", "unauthorized")
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
+        if request.too_large:
             return self._local_error(call, 413, "request_too_large",
                                      f"request body exceeds {self.cfg.max_body_bytes} bytes", "bad_request")
-        except web.HTTPException as e:  # a body aiohttp could not decode (e.g. bad content-encoding)
-            return self._local_error(call, 400, "invalid_request_error", f"unreadable request body: {e.reason}",
-                                     "bad_request")
+        if request.body_error is not None:  # a body that could not be decoded (e.g. bad content-encoding)
+            return self._local_error(call, 400, "invalid_request_error",
+                                     f"unreadable request body: {request.body_error}", "bad_request")
+        raw = request.body
         try:
             body = json.loads(raw)
         except ValueError:
@@ -433,7 +433,7 @@ class Shim:
             self.turns -= 1
             log.error("budget hold failed: %s", type(e).__name__)
             return self._local_error(call, 503, "api_error", "budget store unavailable", "error",
-                                     headers={"x-should-retry": "true", "retry-after": "2"})
+                                     headers=(("x-should-retry", "true"), ("retry-after", "2")))
         if which:
             self.turns -= 1
             scope = "attempt" if which == ATTEMPT_CAP else "run"
@@ -458,7 +458,7 @@ class Shim:
             return usage.input_tokens + usage.cache_write_tokens
         return usage.input_tokens + usage.cached_tokens + usage.cache_write_tokens
 
-    def _refuse(self, call: Call, reason: str, detail: str | None = None) -> web.Response:
+    def _refuse(self, call: Call, reason: str, detail: str | None = None) -> None:
         if self.stopped is None:
             self.stopped = reason
             log.warning("stopping: %s", reason)
@@ -467,31 +467,30 @@ class Shim:
         return self._local_error(call, 403, reason, f"{reason}: {msg}", reason)
 
     def _local_error(self, call: Call, status: int, etype: str, message: str, outcome: str,
-                     headers: dict[str, str] | None = None) -> web.Response:
+                     headers: tuple = NO_RETRY) -> None:
         call.http_status = status
         call.outcome = outcome
-        return web.json_response(error_body(call.kind, etype, message), status=status,
-                                 headers=headers or NO_RETRY)
+        self._json(call.resp, error_body(call.kind, etype, message), status, headers)
 
-    def _upstream_headers(self, request: web.Request, kind: str) -> dict[str, str]:
-        h = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_UP}
-        h["Accept-Encoding"] = "identity"
-        h["Content-Type"] = "application/json"
+    def _upstream_headers(self, request: Request, kind: str) -> list[tuple[str, str]]:
+        h = [(k, v) for k, v in request.headers.raw if k.lower() not in _DROP_UP and k.lower() != "content-type"]
+        h.append(("Accept-Encoding", "identity"))
+        h.append(("Content-Type", "application/json"))
         if self._key:
             if kind == MESSAGES:
-                h["x-api-key"] = self._key
+                h.append(("x-api-key", self._key))
             else:
-                h["Authorization"] = f"Bearer {self._key}"
+                h.append(("Authorization", f"Bearer {self._key}"))
         return h
 
     @staticmethod
-    def _down_headers(headers) -> dict[str, str]:
-        return {k: v for k, v in headers.items() if k.lower() not in _HOP}
+    def _down_headers(headers: Headers) -> list[tuple[str, str]]:
+        return [(k, v) for k, v in headers.raw if k.lower() not in _HOP]
 
-    async def _forward(self, request: web.Request, call: Call, payload: bytes, pace: PaceRequest,
+    async def _forward(self, request: Request, call: Call, payload: bytes, pace: PaceRequest,
                        first: tuple[bool, float] | None = None):
         """`first`: the ADMIT answer for the first attempt, when the gate already asked (HOLD+ADMIT)."""
-        url = self.upstream + ROUTES[call.kind]
+        route = ROUTES[call.kind]
         headers = self._upstream_headers(request, call.kind)
         last: _Retry | None = None
         for attempt in range(1, self.cfg.max_attempts + 1):
@@ -504,8 +503,8 @@ class Shim:
             else:
                 call.pacer_wait_ms += await self.pacer.admit(pace)
             try:
-                resp = await self.session.post(url, data=payload, headers=headers)
-            except (aiohttp.ClientError, TimeoutError) as e:
+                resp = await self.http.post(route, headers, payload)
+            except _UPSTREAM_ERRORS as e:
                 last = _Retry(502, {}, self._err_json(call, f"upstream unreachable: {type(e).__name__}"))
                 await self._pace_settle(pace, None)
                 continue
@@ -517,7 +516,7 @@ class Shim:
                     await self._pace_settle(pace, None)
                     self._discover(resp.headers, force=resp.status == 429)
                     if retryable_status(resp.status, data):
-                        last = _Retry(resp.status, CIMultiDict(resp.headers), data, resp.content_type)
+                        last = _Retry(resp.status, resp.headers, data, resp.content_type)
                         log.info("upstream %d (attempt %d), retrying", resp.status, attempt)
                         continue
                     return self._pass(call, resp.status, resp.headers, data, "error")
@@ -525,29 +524,27 @@ class Shim:
                 if not call.stream:
                     try:
                         data = await resp.read()
-                    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as e:
+                    except _UPSTREAM_ERRORS as e:
                         # the provider answered (and billed): meter the worst case, estimated
                         used = self._account(call, None, True, est_output=call.max_out)
                         await self._pace_settle(pace, used)
                         last = _Retry(502, {}, self._err_json(call, f"upstream failed: {type(e).__name__}"))
                         continue
+                    call.http_status = 200
+                    # hand it to the harness first: metering, the ledger row and the settles come after
+                    try:
+                        call.resp.send(200, self._down_headers(resp.headers), data)
+                    except ConnectionError:
+                        pass  # the harness went away; the call happened and is recorded as answered
                     used = self._account(call, usage_from_body(call.kind, data), estimated=False)
                     call.final_pace = (pace, used)
-                    call.http_status = 200
-                    out = web.Response(status=200, body=data, headers=self._down_headers(resp.headers))
-                    # hand it to the client now: the ledger row and the settles come after (in _finish)
-                    try:
-                        await out.prepare(request)
-                        await out.write_eof()
-                    except (ConnectionError, RuntimeError):
-                        pass  # the client went away; the call happened and is recorded as answered
-                    return out
+                    return None
                 result = await self._stream(request, call, resp, pace)
                 if isinstance(result, _Retry):
                     last = result
                     log.info("stream failed before content (attempt %d), retrying", attempt)
                     continue
-                return result
+                return None
             finally:
                 resp.close()
         assert last is not None
@@ -579,16 +576,17 @@ class Shim:
     def _err_json(self, call: Call, message: str) -> bytes:
         return json.dumps(error_body(call.kind, "api_error", message)).encode()
 
-    def _pass(self, call: Call, status: int, headers, body: bytes, outcome: str) -> web.Response:
+    def _pass(self, call: Call, status: int, headers, body: bytes, outcome: str) -> None:
         call.http_status = status
         call.outcome = outcome
-        h = self._down_headers(headers)
-        for k in [k for k in h if k.lower() == "x-should-retry"]:
-            del h[k]
-        h["x-should-retry"] = "false"
-        if not any(k.lower() == "content-type" for k in h):
-            h["Content-Type"] = "application/json"
-        return web.Response(status=status, body=body, headers=h)
+        h = [(k, v) for k, v in headers.items() if k.lower() not in _HOP and k.lower() != "x-should-retry"]
+        h.append(("x-should-retry", "false"))
+        if not any(k.lower() == "content-type" for k, _ in h):
+            h.append(_JSON)
+        try:
+            call.resp.send(status, h, body)
+        except ConnectionError:
+            pass
 
     def _account(self, call: Call, raw: dict[str, Any] | None, estimated: bool, est_output: int = 0) -> Usage:
         """Meter one upstream attempt and add it to the call's row (a call's retries may each be billed)."""
@@ -621,12 +619,12 @@ class Shim:
             return None
         return self._account(call, None, estimated=True, est_output=meter.delta_tokens)
 
-    async def _stream(self, request: web.Request, call: Call, resp: aiohttp.ClientResponse, pace: PaceRequest):
+    async def _stream(self, request: Request, call: Call, resp, pace: PaceRequest):
         meter = StreamMeter(call.kind)
         split = SSESplitter()
         buffered: list[bytes] = []
         size = 0
-        chunks = resp.content.iter_any()
+        chunks = resp.iter_any()
         # 1. hold everything back until content starts, so that early failures can be retried
         early: str | None = None
         try:
@@ -639,7 +637,7 @@ class Shim:
                     break
                 if size > self.cfg.max_stream_buffer_bytes:
                     break
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as e:
+        except _UPSTREAM_ERRORS as e:
             early = f"upstream stream failed: {type(e).__name__}"
         if early is None and not (meter.meaningful or meter.done or meter.error
                                   or size > self.cfg.max_stream_buffer_bytes):
@@ -652,8 +650,8 @@ class Shim:
             return _Retry(529, {}, json.dumps(meter.error).encode())
 
         # 2. commit: from here on the harness has bytes and the call cannot be retried
-        out = web.StreamResponse(status=200, headers=self._down_headers(resp.headers))
-        await out.prepare(request)
+        out = call.resp
+        await out.start(200, self._down_headers(resp.headers))
         call.http_status = 200
         cut: str | None = None
         # the bytes that end the response go out with the chunked terminator in one write (write_eof)
@@ -678,11 +676,11 @@ class Shim:
                     async for chunk in chunks:
                         for event, data in split.feed(chunk):
                             meter.on_event(event, data)
-                except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError):
+                except _UPSTREAM_ERRORS:
                     pass  # the harness has its whole answer
         except _ClientGone:
             cut = "client disconnected"
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as e:
+        except _UPSTREAM_ERRORS as e:
             cut = f"upstream stream failed: {type(e).__name__}"
         except asyncio.CancelledError:  # shutdown while streaming: meter what went through, then go
             call.outcome = "stream_error"
@@ -707,7 +705,7 @@ class Shim:
             except _ClientGone:
                 pass
         call.final_pace = (pace, used)
-        return out
+        return None
 
     @staticmethod
     def _sse_error(kind: str, message: str) -> bytes:
@@ -718,14 +716,14 @@ class Shim:
         return b"data: " + json.dumps(doc).encode() + b"\n\n"
 
     @staticmethod
-    async def _write_eof(out: web.StreamResponse, chunk: bytes) -> None:
+    async def _write_eof(out: Responder, chunk: bytes) -> None:
         try:
-            await out.write_eof(chunk)
+            await out.end(chunk)
         except (ConnectionError, RuntimeError) as e:
             raise _ClientGone from e
 
     @staticmethod
-    async def _write(out: web.StreamResponse, chunk: bytes) -> None:
+    async def _write(out: Responder, chunk: bytes) -> None:
         try:
             await out.write(chunk)
         except (ConnectionError, RuntimeError) as e:

@@ -1,0 +1,754 @@
+"""A lean HTTP/1.1 server (for the harness) and client (for the upstream) on asyncio protocols.
+
+Why not aiohttp: on a machine whose CPUs idle between model calls (every task: a call takes seconds), each
+step of a call runs with cold caches, and the cost of a proxy hop is the amount of code it executes. aiohttp's
+server and client paths (request objects, routers, multidicts, connectors, tracing) cost ~1.5 ms per call that
+way; a relay that only frames bytes costs ~0.3 ms (measured in bench/bench_shim.py). So the shim frames HTTP
+itself: keep-alive, Content-Length and chunked bodies both ways, Expect: 100-continue, gzip/deflate request
+bodies, write back-pressure, read timeouts, TLS upstream.
+
+Server: Server(handler, max_body_bytes). The handler gets (Request, Responder); it answers with
+Responder.send(status, headers, body) (one write) or start() / write() / end() (chunked). One request at a time
+per connection (pipelined requests wait). A request line or headers that cannot be parsed get a 400 and the
+connection is closed, without reaching the handler (as in any HTTP server). A body over max_body_bytes is read
+and discarded, and the handler sees Request.too_large (it answers 413).
+
+Client: Upstream(base_url).post(path, headers, body) -> Response (status, headers, read(), iter_any(),
+close()). A connection goes back to the pool once its response was read to the end; a request that fails on a
+reused connection before any byte of the answer arrived is sent once more on a new one (the provider closed an
+idle keep-alive connection). Errors: UpstreamConnectError, UpstreamPayloadError (both UpstreamError),
+TimeoutError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl as _ssl
+import time
+import zlib
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from urllib.parse import urlparse
+
+log = logging.getLogger("shim.http")
+
+MAX_HEAD_BYTES = 64 * 1024
+KEEPALIVE_S = 75.0
+_REASONS = {
+    100: "Continue", 200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+    408: "Request Timeout", 413: "Payload Too Large", 429: "Too Many Requests", 500: "Internal Server Error",
+    502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout", 529: "Overloaded",
+}
+
+
+class Headers(dict):
+    """Header values by lower-case name (the last one wins); `raw` keeps the (name, value) pairs as sent."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: list[tuple[str, str]]):
+        super().__init__((k.lower(), v) for k, v in raw)
+        self.raw = raw
+
+    def get(self, name: str, default=None):  # type: ignore[override]
+        return dict.get(self, name.lower(), default)
+
+    def __getitem__(self, name: str) -> str:
+        return dict.__getitem__(self, name.lower())
+
+    def __contains__(self, name: object) -> bool:
+        return dict.__contains__(self, name.lower() if isinstance(name, str) else name)
+
+    def items(self):  # type: ignore[override]
+        return iter(self.raw)
+
+
+def _parse_head(head: bytes) -> tuple[str, list[tuple[str, str]]]:
+    """First line and header pairs of a message head (without the blank line). ValueError if malformed."""
+    lines = head.decode("latin-1").split("\r\n")
+    raw = []
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip() or " " in name:
+            raise ValueError(f"bad header line {line[:60]!r}")
+        raw.append((name, value.strip()))
+    return lines[0], raw
+
+
+class _Chunked:
+    """Incremental chunked-transfer decoding: feed(buf) -> (data, done, bytes consumed)."""
+
+    __slots__ = ("left", "state")
+
+    def __init__(self) -> None:
+        self.state = "size"  # size | data | crlf | trailer | done
+        self.left = 0
+
+    def feed(self, buf: bytes | bytearray, start: int = 0) -> tuple[list[bytes], bool, int]:
+        out: list[bytes] = []
+        i, n = start, len(buf)
+        while i < n:
+            if self.state == "size":
+                j = buf.find(b"\r\n", i)
+                if j < 0:
+                    if n - i > 1024:
+                        raise ValueError("chunk size line too long")
+                    break
+                size = int(bytes(buf[i:j]).split(b";", 1)[0].strip() or b"x", 16)
+                i = j + 2
+                if size == 0:
+                    self.state = "trailer"
+                else:
+                    self.state, self.left = "data", size
+            elif self.state == "data":
+                take = min(self.left, n - i)
+                out.append(bytes(buf[i:i + take]))
+                i += take
+                self.left -= take
+                if not self.left:
+                    self.state = "crlf"
+            elif self.state == "crlf":
+                if n - i < 2:
+                    break
+                if buf[i:i + 2] != b"\r\n":
+                    raise ValueError("bad chunk end")
+                i += 2
+                self.state = "size"
+            elif self.state == "trailer":  # trailer lines, then an empty line
+                j = buf.find(b"\r\n", i)
+                if j < 0:
+                    break
+                empty = j == i
+                i = j + 2
+                if empty:
+                    self.state = "done"
+                    return out, True, i
+            else:
+                return out, True, i
+        return out, self.state == "done", i
+
+
+# =================================================================== server
+
+
+class Request:
+    __slots__ = ("body", "body_error", "headers", "keep_alive", "method", "path", "query", "too_large", "version")
+
+    def __init__(self, method: str, target: str, version: str, headers: Headers):
+        self.method = method
+        path, _, self.query = target.partition("?")
+        self.path = path
+        self.version = version
+        self.headers = headers
+        self.body = b""
+        self.too_large = False
+        self.body_error: str | None = None
+        conn = headers.get("connection", "").lower()
+        self.keep_alive = "close" not in conn if version == "HTTP/1.1" else "keep-alive" in conn
+
+
+def _head(status: int, headers: Iterable[tuple[str, str]], extra: str, close: bool) -> bytes:
+    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}"]
+    lines += [f"{k}: {v}" for k, v in headers]
+    lines.append(extra)
+    if close:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace")
+
+
+class Responder:
+    """How a handler answers one request."""
+
+    __slots__ = ("_conn", "_pending", "_req", "chunked", "done", "started", "status")
+
+    def __init__(self, conn: _ServerConn, req: Request):
+        self._conn = conn
+        self._req = req
+        self._pending: bytes | None = None
+        self.started = False
+        self.done = False
+        self.chunked = False
+        self.status = 0
+
+    def _headers(self, headers) -> Iterable[tuple[str, str]]:
+        return headers.items() if isinstance(headers, Mapping) else headers
+
+    def send(self, status: int, headers, body: bytes) -> None:
+        """The whole answer in one write. ConnectionError if the client is gone."""
+        if self.started:
+            raise RuntimeError("response already started")
+        self.started = self.done = True
+        self.status = status
+        close = not self._req.keep_alive or self._conn.closing
+        self._conn.write(_head(status, self._headers(headers), f"Content-Length: {len(body)}", close) + body)
+        self._conn.response_done(close)
+
+    async def start(self, status: int, headers) -> None:
+        """A chunked answer: headers now (sent with the first write), data with write(), end()."""
+        if self.started:
+            raise RuntimeError("response already started")
+        self.started = self.chunked = True
+        self.status = status
+        self._pending = _head(status, self._headers(headers), "Transfer-Encoding: chunked",
+                              not self._req.keep_alive)
+
+    async def write(self, data: bytes) -> None:
+        if not data:
+            return
+        frame = b"%x\r\n%b\r\n" % (len(data), data)
+        if self._pending is not None:
+            frame = self._pending + frame
+            self._pending = None
+        self._conn.write(frame)
+        await self._conn.drain()
+
+    async def end(self, data: bytes = b"") -> None:
+        if self.done:
+            return
+        self.done = True
+        frame = (b"%x\r\n%b\r\n" % (len(data), data) if data else b"") + b"0\r\n\r\n"
+        if self._pending is not None:
+            frame = self._pending + frame
+            self._pending = None
+        self._conn.write(frame)
+        self._conn.response_done(not self._req.keep_alive)
+
+
+class _ServerConn(asyncio.Protocol):
+    def __init__(self, server: Server):
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.req: Request | None = None  # the request whose body is being read
+        self.body_left = 0
+        self.body_parts: list[bytes] = []
+        self.body_size = 0
+        self.chunked: _Chunked | None = None
+        self.busy = False  # a handler is running
+        self.closed = False
+        self.closing = False
+        self._paused_writing: asyncio.Future | None = None
+        self._idle: asyncio.TimerHandle | None = None
+        self.task: asyncio.Task | None = None
+
+    # ---- transport callbacks
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.server.conns.add(self)
+        self._arm_idle()
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        self.server.conns.discard(self)
+        if self._idle is not None:
+            self._idle.cancel()
+        if self._paused_writing is not None and not self._paused_writing.done():
+            self._paused_writing.set_exception(ConnectionError("client gone"))
+
+    def pause_writing(self) -> None:
+        if self._paused_writing is None or self._paused_writing.done():
+            self._paused_writing = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._paused_writing is not None and not self._paused_writing.done():
+            self._paused_writing.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        self.buf += data
+        if not self.busy:
+            self._parse()
+
+    # ---- writing
+
+    def write(self, data: bytes) -> None:
+        if self.closed or self.transport is None or self.transport.is_closing():
+            raise ConnectionError("client gone")
+        self.transport.write(data)
+
+    async def drain(self) -> None:
+        fut = self._paused_writing
+        if fut is not None and not fut.done():
+            await fut
+        if self.closed:
+            raise ConnectionError("client gone")
+
+    def response_done(self, close: bool) -> None:
+        if close:
+            self.closing = True
+            self.transport.close()
+
+    # ---- reading
+
+    def _arm_idle(self) -> None:
+        if self.transport is not None and not self.closed:
+            self._idle = asyncio.get_running_loop().call_later(KEEPALIVE_S, self.transport.close)
+
+    def _bad(self, why: str) -> None:
+        body = b'{"error":{"type":"invalid_request_error","message":"bad HTTP request"}}'
+        try:
+            self.write(_head(400, [("Content-Type", "application/json")], f"Content-Length: {len(body)}", True)
+                       + body)
+        except ConnectionError:
+            pass
+        self.transport.close()
+        self.closing = True
+        self.buf.clear()
+
+    def _parse(self) -> None:
+        while not self.busy and not self.closing:
+            if self.req is None:
+                end = self.buf.find(b"\r\n\r\n")
+                if end < 0:
+                    if len(self.buf) > MAX_HEAD_BYTES:
+                        self._bad("head too large")
+                    return
+                head = bytes(self.buf[:end])
+                del self.buf[:end + 4]
+                if not head.strip():
+                    continue  # stray CRLFs between requests
+                try:
+                    first, raw = _parse_head(head)
+                    method, target, version = first.split(" ")
+                    if version not in ("HTTP/1.1", "HTTP/1.0") or not target.startswith("/"):
+                        raise ValueError(first[:60])
+                    headers = Headers(raw)
+                    req = Request(method, target, version, headers)
+                    te = headers.get("transfer-encoding", "").lower()
+                    if te:
+                        if te != "chunked":
+                            raise ValueError("unsupported transfer-encoding")
+                        self.chunked = _Chunked()
+                        self.body_left = -1
+                    else:
+                        cl = headers.get("content-length")
+                        self.body_left = int(cl) if cl else 0
+                        if self.body_left < 0:
+                            raise ValueError("negative content-length")
+                        self.chunked = None
+                except ValueError as e:
+                    self._bad(str(e))
+                    return
+                self.req = req
+                self.body_parts, self.body_size = [], 0
+                if headers.get("expect", "").lower() == "100-continue":
+                    try:
+                        self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    except ConnectionError:
+                        return
+            # body
+            req = self.req
+            if self.chunked is not None:
+                try:
+                    parts, done, used = self.chunked.feed(self.buf)
+                except ValueError as e:
+                    self._bad(str(e))
+                    return
+                del self.buf[:used]
+                for p in parts:
+                    self._body(p)
+                if not done:
+                    return
+            else:
+                take = min(self.body_left, len(self.buf))
+                if take:
+                    self._body(bytes(self.buf[:take]))
+                    del self.buf[:take]
+                    self.body_left -= take
+                if self.body_left:
+                    return
+            self.req = None
+            if not req.too_large:
+                req.body = b"".join(self.body_parts)
+                enc = req.headers.get("content-encoding", "").lower().strip()
+                if enc and enc != "identity":
+                    req.body = self._decode(req, enc)
+            self.body_parts = []
+            self.busy = True
+            self.task = asyncio.ensure_future(self._run(req))
+
+    def _body(self, part: bytes) -> None:
+        req = self.req
+        self.body_size += len(part)
+        if self.body_size > self.server.max_body_bytes:
+            req.too_large = True
+            self.body_parts = []
+        elif not req.too_large:
+            self.body_parts.append(part)
+
+    def _decode(self, req: Request, enc: str) -> bytes:
+        try:
+            if enc in ("gzip", "x-gzip", "deflate"):
+                d = zlib.decompressobj(wbits=47)  # gzip or zlib header
+                out = d.decompress(req.body, self.server.max_body_bytes + 1)
+                if len(out) > self.server.max_body_bytes:
+                    req.too_large = True
+                    return b""
+                return out
+            req.body_error = f"unsupported content-encoding {enc}"
+        except zlib.error:
+            req.body_error = f"cannot decode {enc} body"
+        return b""
+
+    async def _run(self, req: Request) -> None:
+        resp = Responder(self, req)
+        self.server.active.add(self)
+        try:
+            await self.server.handler(req, resp)
+        except asyncio.CancelledError:
+            if not self.closed and self.transport is not None:
+                self.transport.close()
+            raise
+        except Exception:
+            log.exception("unhandled error in request handler")
+            if not resp.started and not self.closed:
+                try:
+                    resp.send(500, [("Content-Type", "application/json")],
+                              b'{"error":{"type":"api_error","message":"shim internal error"}}')
+                except ConnectionError:
+                    pass
+            elif not resp.done and self.transport is not None:
+                self.transport.close()
+        finally:
+            self.server.active.discard(self)
+            self.task = None
+            self.busy = False
+        if not resp.done and not self.closed and self.transport is not None:
+            self.transport.close()  # a handler that never finished its answer: the connection is unusable
+            return
+        if self.closing or self.closed:
+            return
+        if self.server.stopping:
+            self.transport.close()
+            return
+        if self.buf:
+            self._parse()
+        else:
+            self._arm_idle()
+
+
+Handler = Callable[[Request, Responder], Awaitable[None]]
+
+
+class Server:
+    def __init__(self, handler: Handler, max_body_bytes: int):
+        self.handler = handler
+        self.max_body_bytes = max_body_bytes
+        self.conns: set[_ServerConn] = set()
+        self.active: set[_ServerConn] = set()
+        self.stopping = False
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _ServerConn(self), host, port, backlog=1024)
+        return self._server.sockets[0].getsockname()[1]
+
+    async def shutdown(self, timeout_s: float) -> None:
+        """Stop accepting; close idle connections; give running handlers timeout_s, then cancel them."""
+        self.stopping = True
+        if self._server is not None:
+            self._server.close()
+        for c in list(self.conns):
+            if not c.busy and c.transport is not None:
+                c.transport.close()
+        deadline = time.monotonic() + timeout_s
+        while self.active and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        tasks = [c.task for c in list(self.active) if c.task is not None]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for c in list(self.conns):
+            if c.transport is not None:
+                c.transport.close()
+
+
+# =================================================================== client
+
+
+class UpstreamError(Exception):
+    pass
+
+
+class UpstreamConnectError(UpstreamError):
+    pass
+
+
+class UpstreamPayloadError(UpstreamError):
+    pass
+
+
+class _ClientConn(asyncio.Protocol):
+    """One upstream connection; parses one response at a time into status, headers and body data."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.closed = False
+        self.error: Exception | None = None
+        self.waiter: asyncio.Future | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.status = 0
+        self.headers: Headers | None = None
+        self.body: deque[bytes] = deque()
+        self.queued = 0
+        self.body_left = 0  # -1: until close
+        self.chunked: _Chunked | None = None
+        self.complete = False
+        self.got_bytes = False
+        self.keep_alive = True
+        self.reading_paused = False
+        self.no_body = False
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        if self.headers is not None and self.body_left == -1 and not self.complete:
+            self.complete = True  # a body delimited by the connection's end
+        elif not self.complete:
+            self.error = UpstreamPayloadError("upstream closed the connection") if self.headers is not None \
+                else UpstreamConnectError("upstream closed the connection")
+        self._wake()
+
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        self.buf += data
+        try:
+            self._parse()
+        except ValueError as e:
+            self.error = UpstreamPayloadError(f"bad upstream response: {e}")
+            self.transport.close()
+        self._wake()
+
+    def _parse(self) -> None:
+        if self.headers is None:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self.buf) > MAX_HEAD_BYTES:
+                    raise ValueError("head too large")
+                return
+            first, raw = _parse_head(bytes(self.buf[:end]))
+            del self.buf[:end + 4]
+            version, _, rest = first.partition(" ")
+            status = int(rest[:3])
+            if 100 <= status < 200:  # an interim answer (100 Continue): the real one follows
+                self._parse()
+                return
+            self.status = status
+            self.headers = Headers(raw)
+            conn = self.headers.get("connection", "").lower()
+            self.keep_alive = "close" not in conn if version == "HTTP/1.1" else "keep-alive" in conn
+            te = self.headers.get("transfer-encoding", "").lower()
+            if self.no_body or status in (204, 304):
+                self.body_left = 0
+            elif "chunked" in te:
+                self.chunked = _Chunked()
+            elif self.headers.get("content-length") is not None:
+                self.body_left = int(self.headers["content-length"])
+            else:
+                self.body_left = -1
+                self.keep_alive = False
+            if self.chunked is None and self.body_left == 0:
+                self.complete = True
+        if self.headers is None or self.complete:
+            return
+        if self.chunked is not None:
+            parts, done, used = self.chunked.feed(self.buf)
+            del self.buf[:used]
+            for p in parts:
+                self._queue(p)
+            if done:
+                self.complete = True
+        elif self.buf:
+            if self.body_left == -1:
+                self._queue(bytes(self.buf))
+                self.buf.clear()
+            else:
+                take = min(self.body_left, len(self.buf))
+                self._queue(bytes(self.buf[:take]))
+                del self.buf[:take]
+                self.body_left -= take
+                if not self.body_left:
+                    self.complete = True
+
+    def _queue(self, data: bytes) -> None:
+        if data:
+            self.body.append(data)
+            self.queued += len(data)
+            if self.queued > (1 << 20) and not self.reading_paused:
+                self.reading_paused = True
+                self.transport.pause_reading()
+
+    async def wait(self, timeout: float) -> None:
+        """Until more of the response arrived (or the connection ended); TimeoutError after `timeout` s."""
+        loop = asyncio.get_running_loop()
+        self.waiter = fut = loop.create_future()
+        timer = loop.call_later(timeout, self._timed_out, fut) if timeout else None
+        try:
+            await fut
+        finally:
+            self.waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    @staticmethod
+    def _timed_out(fut: asyncio.Future) -> None:
+        if not fut.done():
+            fut.set_exception(TimeoutError("upstream read timed out"))
+
+    def take(self) -> bytes:
+        data = self.body.popleft()
+        self.queued -= len(data)
+        if self.reading_paused and self.queued < (1 << 19):
+            self.reading_paused = False
+            self.transport.resume_reading()
+        return data
+
+
+class _Body:
+    __slots__ = ("conn", "timeout")
+
+    def __init__(self, conn: _ClientConn, timeout: float):
+        self.conn = conn
+        self.timeout = timeout
+
+    def __aiter__(self) -> _Body:
+        return self
+
+    async def __anext__(self) -> bytes:
+        c = self.conn
+        while True:
+            if c.body:
+                return c.take()
+            if c.complete:
+                raise StopAsyncIteration
+            if c.error is not None:
+                raise c.error
+            if c.closed:
+                raise UpstreamPayloadError("upstream closed the connection")
+            await c.wait(self.timeout)
+
+
+class Response:
+    __slots__ = ("_conn", "_pool", "headers", "status")
+
+    def __init__(self, conn: _ClientConn, pool: Upstream):
+        self._conn = conn
+        self._pool = pool
+        self.status = conn.status
+        self.headers = conn.headers
+
+    @property
+    def content_type(self) -> str:
+        return (self.headers.get("content-type") or "application/octet-stream").split(";", 1)[0].strip()
+
+    def iter_any(self) -> _Body:
+        """The body as it arrives (chunked framing removed): an async iterator of bytes."""
+        return _Body(self._conn, self._pool.read_timeout)
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self.iter_any()])
+
+    def close(self) -> None:
+        c, self._conn = self._conn, None
+        if c is None:
+            return
+        if c.complete and c.keep_alive and not c.closed and not c.buf and c.error is None:
+            c.reset()
+            self._pool.idle.append(c)
+        elif c.transport is not None:
+            c.transport.close()
+
+
+class Upstream:
+    """A keep-alive pool of connections to one base URL."""
+
+    def __init__(self, base_url: str, connect_timeout: float, read_timeout: float):
+        u = urlparse(base_url)
+        if u.scheme not in ("http", "https"):
+            raise ValueError(f"unsupported upstream URL {base_url!r}")
+        self.host = u.hostname or "127.0.0.1"
+        self.port = u.port or (443 if u.scheme == "https" else 80)
+        self.ssl = _ssl.create_default_context() if u.scheme == "https" else None
+        self.base_path = u.path.rstrip("/")
+        default = (u.scheme == "https" and self.port == 443) or (u.scheme == "http" and self.port == 80)
+        self.host_header = self.host if default else f"{self.host}:{self.port}"
+        if ":" in self.host and not self.host.startswith("["):
+            self.host_header = f"[{self.host}]" + ("" if default else f":{self.port}")
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.idle: list[_ClientConn] = []
+
+    async def _connect(self) -> _ClientConn:
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(_ClientConn, self.host, self.port, ssl=self.ssl,
+                                       server_hostname=self.host if self.ssl else None),
+                self.connect_timeout)
+        except TimeoutError as e:
+            raise UpstreamConnectError("upstream connect timed out") from e
+        except OSError as e:
+            raise UpstreamConnectError(f"cannot connect upstream: {e}") from e
+        return conn
+
+    def _get_idle(self) -> _ClientConn | None:
+        while self.idle:
+            c = self.idle.pop()
+            if not c.closed and not c.transport.is_closing() and not c.buf:
+                return c
+            if c.transport is not None:
+                c.transport.close()
+        return None
+
+    async def post(self, path: str, headers: Iterable[tuple[str, str]], body: bytes) -> Response:
+        head = [f"POST {self.base_path}{path} HTTP/1.1", f"Host: {self.host_header}"]
+        head += [f"{k}: {v}" for k, v in headers]
+        head.append(f"Content-Length: {len(body)}")
+        payload = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1", "replace") + body
+        for fresh in (False, True):
+            conn = None if fresh else self._get_idle()
+            reused = conn is not None
+            if conn is None:
+                conn = await self._connect()
+            conn.transport.write(payload)
+            try:
+                while conn.headers is None:
+                    if conn.error is not None:
+                        raise conn.error
+                    if conn.closed:
+                        raise UpstreamConnectError("upstream closed the connection")
+                    await conn.wait(self.read_timeout)
+            except UpstreamError:
+                if conn.transport is not None:
+                    conn.transport.close()
+                if reused and not conn.got_bytes:
+                    continue  # a stale keep-alive connection: once more on a new one
+                raise
+            except BaseException:
+                if conn.transport is not None:
+                    conn.transport.close()
+                raise
+            return Response(conn, self)
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        for c in self.idle:
+            if c.transport is not None:
+                c.transport.close()
+        self.idle.clear()
