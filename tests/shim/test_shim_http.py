@@ -1,0 +1,167 @@
+"""The shim's HTTP/1.1 layer (shim/http.py): framing both ways, keep-alive, bad input, timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+
+import pytest
+
+from shim.http import Server, Upstream, UpstreamConnectError, UpstreamPayloadError
+
+
+async def _echo_server(max_body: int = 1 << 20, **kw):
+    """A Server whose handler answers JSON describing the request (or streams it back, chunked)."""
+    seen = []
+
+    async def handler(req, resp):
+        seen.append(req)
+        doc = {"method": req.method, "path": req.path, "body": req.body.decode(errors="replace"),
+               "too_large": req.too_large, "body_error": req.body_error, "h": req.headers.get("X-Test")}
+        if req.path.endswith("/stream"):
+            await resp.start(200, [("Content-Type", "text/event-stream")])
+            for i in range(3):
+                await resp.write(b"data: %d\n\n" % i)
+            await resp.end(b"data: end\n\n")
+        elif req.path == "/boom":
+            raise RuntimeError("boom")
+        else:
+            resp.send(200, [("Content-Type", "application/json")], json.dumps(doc).encode())
+
+    server = Server(handler, max_body)
+    port = await server.start("127.0.0.1", 0)
+    return server, port, seen
+
+
+async def _raw(port: int, data: bytes, read_until_close: bool = True, expect: int = 1) -> bytes:
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    w.write(data)
+    await w.drain()
+    if read_until_close:
+        out = await asyncio.wait_for(r.read(), 5)
+    else:
+        out = b""
+        while out.count(b"HTTP/1.1 ") < expect or not out.endswith((b"}", b"\r\n\r\n")):
+            out += await asyncio.wait_for(r.read(65536), 5)
+    w.close()
+    return out
+
+
+def test_server_framing_keepalive_and_bad_requests():
+    async def main():
+        server, port, seen = await _echo_server(max_body=100)
+        # chunked request body, then a pipelined second request on the same connection
+        req = (b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nX-Test: 1\r\n\r\n"
+               b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+               b"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
+        out = await _raw(port, req)
+        assert out.count(b"HTTP/1.1 200 OK") == 2 and b'"body": "abcde"' in out and b'"body": "hi"' in out
+        assert b"Connection: close" in out
+        assert seen[0].headers.get("x-test") == "1" and seen[0].headers["X-TEST"] == "1"
+        # Expect: 100-continue
+        out = await _raw(port, b"POST /c HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-continue\r\n"
+                               b"Connection: close\r\n\r\nok")
+        assert out.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK")
+        # a body over the limit is read and discarded; the handler sees too_large; the connection stays usable
+        big = b"x" * 1000
+        out = await _raw(port, b"POST /d HTTP/1.1\r\nContent-Length: 1000\r\n\r\n" + big
+                         + b"POST /e HTTP/1.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        assert b'"too_large": true' in out and b'"path": "/e"' in out
+        # gzip request bodies are decoded; an unknown encoding is reported to the handler
+        gz = gzip.compress(b'{"a": 1}')
+        out = await _raw(port, b"POST /f HTTP/1.1\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n"
+                               b"Connection: close\r\n\r\n" % len(gz) + gz)
+        assert b'"body": "{\\"a\\": 1}"' in out
+        out = await _raw(port, b"POST /g HTTP/1.1\r\nContent-Encoding: br\r\nContent-Length: 1\r\n"
+                               b"Connection: close\r\n\r\nx")
+        assert b"unsupported content-encoding br" in out
+        # garbage gets a 400 and the connection is closed; the handler never sees it
+        n = len(seen)
+        for junk in (b"NONSENSE\r\n\r\n", b"GET / HTTP/9\r\n\r\n", b"POST / HTTP/1.1\r\nBad Header\r\n\r\n",
+                     b"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", b"POST / HTTP/1.1\r\nContent-Length: x\r\n\r\n"):
+            out = await _raw(port, junk)
+            assert out.startswith(b"HTTP/1.1 400"), (junk, out)
+        assert len(seen) == n
+        # a handler that raises: 500, the server keeps serving
+        out = await _raw(port, b"POST /boom HTTP/1.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        assert out.startswith(b"HTTP/1.1 500")
+        await server.shutdown(1.0)
+
+    asyncio.run(main())
+
+
+def test_client_against_server_streams_and_reuses_connections():
+    async def main():
+        server, port, _ = await _echo_server()
+        up = Upstream(f"http://127.0.0.1:{port}/base", connect_timeout=2, read_timeout=2)
+        r = await up.post("/x", [("X-Test", "v")], b"payload")
+        assert r.status == 200 and r.content_type == "application/json"
+        doc = json.loads(await r.read())
+        assert doc == {"method": "POST", "path": "/base/x", "body": "payload", "too_large": False, "body_error": None,
+                       "h": "v"}
+        r.close()
+        assert len(up.idle) == 1
+        conn = up.idle[0]
+        r = await up.post("/stream", [], b"")
+        chunks = [c async for c in r.iter_any()]
+        assert b"".join(chunks) == b"data: 0\n\ndata: 1\n\ndata: 2\n\ndata: end\n\n"
+        r.close()
+        assert up.idle == [conn]  # the same connection, reused
+        # the server closes idle connections at shutdown: the next request goes on a new connection
+        await server.shutdown(0.1)
+        server2 = Server(server.handler, 1 << 20)
+        await server2.start("127.0.0.1", port)
+        r = await up.post("/y", [], b"")
+        assert r.status == 200 and json.loads(await r.read())["path"] == "/base/y"
+        r.close()
+        up.close()
+        await server2.shutdown(0.1)
+
+    asyncio.run(main())
+
+
+def test_client_errors_and_timeouts():
+    async def main():
+        async def serve(reader, writer, answer: bytes, hold: float = 0):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(answer)
+            await asyncio.sleep(hold)
+            writer.close()
+
+        async def start(answer: bytes, hold: float = 0):
+            srv = await asyncio.start_server(lambda r, w: serve(r, w, answer, hold), "127.0.0.1", 0)
+            return srv, srv.sockets[0].getsockname()[1]
+
+        # a body cut short
+        srv, port = await start(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this")
+        up = Upstream(f"http://127.0.0.1:{port}", 2, 2)
+        r = await up.post("/", [], b"")
+        with pytest.raises(UpstreamPayloadError):
+            await r.read()
+        r.close()
+        srv.close()
+        # a body that ends with the connection; interim 100 Continue skipped
+        srv, port = await start(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 503 Unavailable\r\nRetry-After: 2\r\n\r\nbusy")
+        r = await Upstream(f"http://127.0.0.1:{port}", 2, 2).post("/", [], b"")
+        assert r.status == 503 and r.headers.get("retry-after") == "2" and await r.read() == b"busy"
+        r.close()
+        srv.close()
+        # a read timeout, before the answer and in the middle of the body
+        srv, port = await start(b"", hold=2)
+        with pytest.raises(TimeoutError):
+            await Upstream(f"http://127.0.0.1:{port}", 2, 0.2).post("/", [], b"")
+        srv.close()
+        srv, port = await start(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n", hold=2)
+        r = await Upstream(f"http://127.0.0.1:{port}", 2, 0.2).post("/", [], b"")
+        it = r.iter_any()
+        assert await it.__anext__() == b"hi"
+        with pytest.raises(TimeoutError):
+            await it.__anext__()
+        r.close()
+        srv.close()
+        # nobody listening
+        with pytest.raises(UpstreamConnectError):
+            await Upstream("http://127.0.0.1:1", 1, 1).post("/", [], b"")
+
+    asyncio.run(main())
