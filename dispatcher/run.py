@@ -253,10 +253,12 @@ class DriverLoop:
         self.cancel_sent: set[AttemptRef] = set()
         self.pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="jobdocs")
         self._cursor = 0
+        self.busy_s = {"land check": 0.0, "reap": 0.0, "plan": 0.0, "job documents": 0.0, "launch": 0.0}
         self.landed: dict[tuple[str, int], str] | None = None  # (instance_id, attempt) -> status; see _refresh
         self.waiting: set[AttemptRef] = set()  # attempts an earlier dispatcher's task still holds (resume)
 
     def step(self, progress: Progress | None = None) -> bool:
+        t0 = time.monotonic()
         counts = self._refresh()
         if progress:
             progress.update(counts, self.running)
@@ -264,15 +266,19 @@ class DriverLoop:
             return True
         landed = self.landed
         now = time.monotonic()
+        self.busy_s["land check"] += now - t0
         if hasattr(self.launcher, "retry_pending"):
             self.launcher.retry_pending()  # ECS: attempts not placed yet (capacity), when they are due
         self._reap(landed, now)
         if self._cancelled():
             self._cancel(landed)
             return False
+        t1 = time.monotonic()
+        self.busy_s["reap"] += t1 - now
         if now >= self._next_plan:
             self._resize(landed)
             self._next_plan = now + self.PLAN_EVERY_S
+        self.busy_s["plan"] += time.monotonic() - t1
         self._launch(landed, now)
         return False
 
@@ -327,10 +333,14 @@ class DriverLoop:
             live = p.execute()
         self.waiting.update(r for r, is_live in zip(batch, live) if is_live)  # an earlier dispatcher's task
         batch = [r for r, is_live in zip(batch, live) if not is_live]
+        t0 = time.monotonic()
         docs = [(self.res.job_uri(r), self.make_job_doc(r).model_dump_json()) for r in batch]
         list(self.pool.map(lambda d: aws.put_text(*d), docs))
+        t1 = time.monotonic()
         for ref in batch:
             self.running[ref] = Running(handle=self.launcher.launch(ref, self.res.job_uri(ref)), started=now)
+        self.busy_s["job documents"] += t1 - t0
+        self.busy_s["launch"] += time.monotonic() - t1
 
     def _pending(self, landed: dict):
         """Attempts without a row and without a task of ours, in plan order (a cursor, not a rescan)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import operator
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,6 +154,7 @@ class ResultsWriter:
         self.database_url = database_url
         self.eval_timeout_s = eval_timeout_s
         self.landed = {"ledger": 0, "attempt_result": 0, "verdict": 0}
+        self.busy_s = {"receive": 0.0, "decode": 0.0, "land": 0.0, "enqueue eval": 0.0, "delete": 0.0}
         self._conn: psycopg.Connection | None = None
 
     @property
@@ -294,6 +296,7 @@ class ResultsWriter:
         """Receive up to max_receives x 10 messages (waiting only for the first ten), land them in one transaction."""
         sqs = aws.client("sqs")
         msgs: list[dict] = []
+        t = time.monotonic()
         for i in range(max_receives):
             got = sqs.receive_message(QueueUrl=self.res.results_queue_url, MaxNumberOfMessages=10,
                                       WaitTimeSeconds=wait_s if i == 0 else 0).get("Messages", [])
@@ -302,6 +305,7 @@ class ResultsWriter:
                 break
         if not msgs:
             return 0
+        t = self._clock("receive", t)
         batch, keep = [], []
         for m in msgs:
             try:
@@ -309,18 +313,27 @@ class ResultsWriter:
                 keep.append(m)
             except Undeliverable as e:
                 log.error("%s; left for the dead-letter queue", e)
+        t = self._clock("decode", t)
         try:
             ready = self.land(batch)
         except (psycopg.DataError, psycopg.IntegrityError):
             ready, refused = self.land_each(batch)
             keep = [m for i, m in enumerate(keep) if i not in set(refused)]
+        t = self._clock("land", t)
         self.enqueue_eval(ready)
+        t = self._clock("enqueue eval", t)
         for i in range(0, len(keep), 10):
             sqs.delete_message_batch(
                 QueueUrl=self.res.results_queue_url,
                 Entries=[{"Id": str(j), "ReceiptHandle": m["ReceiptHandle"]} for j, m in enumerate(keep[i:i + 10])],
             )
+        self._clock("delete", t)
         return len(keep)
+
+    def _clock(self, stage: str, since: float) -> float:
+        now = time.monotonic()
+        self.busy_s[stage] += now - since
+        return now
 
     def run_until(self, stop: threading.Event) -> None:
         self.sweep()
@@ -332,5 +345,6 @@ class ResultsWriter:
                 stop.wait(1.0)
 
     def state(self) -> dict:
-        return {"run": self.res.run, "landed": dict(self.landed)}
+        return {"run": self.res.run, "landed": dict(self.landed),
+                "busy_s": {k: round(v, 3) for k, v in self.busy_s.items()}}
 
