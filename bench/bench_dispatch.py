@@ -86,6 +86,7 @@ repos = "repos"
 run_usd = 100000
 [backend]
 concurrency = {concurrency}
+writers = 2
 """)
     return name, spec, motos
 
@@ -187,7 +188,7 @@ def main() -> int:
         runmod.ray_init(False, aws_env)
         marks["ray up"] = time.perf_counter() - t0
         writers = [ResultsWriterActor.options(name=f"results-writer:{spec.run.name}:{i}").remote(
-            res.model_dump(), db.database_url(), aws_env, 60.0) for i in range(2)]
+            res.model_dump(), db.database_url(), aws_env, 60.0) for i in range(spec.backend.writer_count)]
         pacer = PoolPacer.options(name=f"pacer:{spec.pool}", get_if_exists=True).remote(spec.pool, valkey_url, {})
         launcher = SimLauncher(res.results_queue_url, spec.pool, spec.model.model, task_s=args.task_s,
                                valkey=redis.Redis.from_url(valkey_url), split=args.split_ledger)

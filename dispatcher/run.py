@@ -204,9 +204,9 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
             launcher = make_launcher(plan, run_dir, task_env, key, upstream, valkey_url)
 
         ray_init(spec.backend.dashboard, aws_env)
-        writer = ResultsWriterActor.options(name=f"results-writer:{run}", namespace="evalplane",
-                                            get_if_exists=True).remote(
-            res.model_dump(), db.database_url(), aws_env, spec.eval.timeout_s)
+        writers = [ResultsWriterActor.options(name=f"results-writer:{run}:{i}", namespace="evalplane",
+                                              get_if_exists=True).remote(
+            res.model_dump(), db.database_url(), aws_env, spec.eval.timeout_s) for i in range(spec.backend.writer_count)]
         pacer = PoolPacer.options(name=f"pacer:{spec.pool}", namespace="evalplane", get_if_exists=True).remote(
             spec.pool, valkey_url, {"rpm": spec.model.rpm, "itpm": spec.model.itpm, "otpm": spec.model.otpm})
         ray.get(pacer.tick.remote())
@@ -221,8 +221,9 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
                     raise RuntimeError(f"an eval worker exited with code {w.returncode}; see {run_dir}")
             time.sleep(0.5)
         progress.done()
-        ray.get(writer.stop.remote())
-        ray.kill(writer)
+        ray.get([w.stop.remote() for w in writers])
+        for w in writers:
+            ray.kill(w)
         conn.execute("UPDATE runs SET status = CASE WHEN status = 'cancelled' THEN status ELSE 'finished' END,"
                      " finished_at = now() WHERE run = %s", (run,))
         conn.commit()

@@ -109,6 +109,13 @@ class BackendSpec(Strict):
     harness_image: str = Field("evalplane/harness:dev", description="the task image (launcher docker)")
     stack_outputs: str | None = Field(None, description="`pulumi stack output --json` file (backend aws)")
     dashboard: bool = Field(False, description="Start the Ray dashboard with the local Ray cluster")
+    writers: int | None = Field(None, ge=1, le=64, description=(
+        "results writer actors consuming the run's results queue (default: one per 250 concurrent tasks, at least"
+        " 1, at most 8)"))
+
+    @property
+    def writer_count(self) -> int:
+        return self.writers or min(8, max(1, -(-self.concurrency // 250)))
 
     @field_validator("stack_outputs")
     @classmethod

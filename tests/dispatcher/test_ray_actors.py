@@ -39,7 +39,7 @@ def test_dashboard_lists_the_actors_and_a_killed_pacer_reloads_from_valkey(ray_c
     r = redis.Redis.from_url(valkey_url, decode_responses=True)
     try:
         pacer = PoolPacer.options(name=f"pacer:{pool}", get_if_exists=True).remote(pool, valkey_url, {"rpm": 600})
-        writer = ResultsWriterActor.options(name=f"results-writer:{unique}").remote(
+        writer = ResultsWriterActor.options(name=f"results-writer:{unique}:0").remote(
             res.model_dump(), database_url, ray_cluster, 60.0)
         assert ray.get(pacer.state_snapshot.remote())["limits"] == {"rpm": 600}
         assert ray.get(writer.state.remote())["alive"] is True
@@ -50,7 +50,7 @@ def test_dashboard_lists_the_actors_and_a_killed_pacer_reloads_from_valkey(ray_c
         assert int(r.hget(keys.pool_limits(pool), "rpm")) == state["limits"]["rpm"]
 
         names = {a.name: a for a in list_actors(filters=[("state", "=", "ALIVE")])}  # via the dashboard
-        assert f"pacer:{pool}" in names and f"results-writer:{unique}" in names
+        assert f"pacer:{pool}" in names and f"results-writer:{unique}:0" in names
         assert names[f"pacer:{pool}"].class_name == "PoolPacer"
 
         pid = ray.get(pacer.__ray_call__.remote(lambda self: os.getpid()))
