@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -66,17 +66,20 @@ class Price:
     max_output_tokens: int | None = None
     cache_write_1h: float | None = None  # None: same as cache_write
     tiers: tuple[tuple[int, Rates], ...] = ()  # (threshold N, rates above N prompt tokens), ascending N
+    base: Rates | None = field(default=None, compare=False, repr=False)  # derived: the rates below every tier
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "base", Rates(self.input, self.output, self.cache_read, self.cache_write,
+                                               self.cache_write if self.cache_write_1h is None
+                                               else self.cache_write_1h))
 
     def rates(self, prompt_tokens: int = 0) -> Rates:
         """The rates for a call whose prompt (input + cached + cache writes) has this many tokens."""
-        chosen = None
+        chosen = self.base
         for threshold, rates in self.tiers:
             if prompt_tokens > threshold:
                 chosen = rates
-        if chosen is not None:
-            return chosen
-        return Rates(self.input, self.output, self.cache_read, self.cache_write,
-                     self.cache_write if self.cache_write_1h is None else self.cache_write_1h)
+        return chosen
 
     def cost(self, usage: Usage, cache_write_1h_tokens: int | None = None) -> float:
         """USD for one call's usage. The 1-hour share of cache_write_tokens comes from the argument, else from

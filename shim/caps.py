@@ -19,6 +19,8 @@ KEY_TTL_S = 14 * 24 * 3600
 
 # ep_hold(...) -> 0 if held, else which cap refused it (1 attempt, 2 run); `now` in integer ms.
 # KEYS of the caller: attempt hash, its :exp zset, run hash, its :exp zset.
+# Expired holds (calls that never settled) are swept only when they could matter: before a hold is refused.
+# The hashes get their TTL when created here and have it refreshed by every settle (off the call's path).
 HOLD_FN = """
 local function ep_hold(ka, kae, kr, kre, id, est, acap, rcap, ttl_ms, key_ttl, now)
   local function sweep(h, z)
@@ -32,26 +34,33 @@ local function ep_hold(ka, kae, kr, kre, id, est, acap, rcap, ttl_ms, key_ttl, n
       redis.call('ZREM', z, eid)
     end
   end
-  sweep(ka, kae)
-  sweep(kr, kre)
-  local a = redis.call('HMGET', ka, 'spent', 'held')
-  local r = redis.call('HMGET', kr, 'spent', 'held')
-  local as, ah = tonumber(a[1] or '0'), tonumber(a[2] or '0')
-  local rs, rh = tonumber(r[1] or '0'), tonumber(r[2] or '0')
-  if acap >= 0 and as + ah + est > acap then return 1 end
-  if rcap >= 0 and rs + rh + est > rcap then return 2 end
+  local function fits(x, cap)
+    return cap < 0 or tonumber(x[1] or '0') + tonumber(x[2] or '0') + est <= cap
+  end
+  local a = redis.call('HMGET', ka, 'spent', 'held', 'cap')
+  local r = redis.call('HMGET', kr, 'spent', 'held', 'cap')
+  if not (fits(a, acap) and fits(r, rcap)) then
+    sweep(ka, kae)
+    sweep(kr, kre)
+    a = redis.call('HMGET', ka, 'spent', 'held', 'cap')
+    r = redis.call('HMGET', kr, 'spent', 'held', 'cap')
+    if not fits(a, acap) then return 1 end
+    if not fits(r, rcap) then return 2 end
+  end
   local deadline = now + ttl_ms
-  local hs = {ka, kr}
-  local zs = {kae, kre}
+  local hs, zs, xs, caps = {ka, kr}, {kae, kre}, {a, r}, {acap, rcap}
   for i = 1, 2 do
+    local x = xs[i]
     redis.call('HINCRBY', hs[i], 'held', est)
-    redis.call('HSET', hs[i], 'hold:' .. id, est)
+    if caps[i] >= 0 and tonumber(x[3] or '-1') ~= caps[i] then
+      redis.call('HSET', hs[i], 'hold:' .. id, est, 'cap', caps[i])
+    else
+      redis.call('HSET', hs[i], 'hold:' .. id, est)
+    end
+    if not x[1] and not x[2] and not x[3] then redis.call('EXPIRE', hs[i], key_ttl) end
     redis.call('ZADD', zs[i], deadline, id)
-    redis.call('EXPIRE', hs[i], key_ttl)
     redis.call('EXPIRE', zs[i], key_ttl)
   end
-  if acap >= 0 then redis.call('HSET', ka, 'cap', acap) end
-  if rcap >= 0 then redis.call('HSET', kr, 'cap', rcap) end
   return 0
 end
 """
@@ -67,6 +76,7 @@ if which == 0 then return {1, 0} end
 return {0, which}
 """
 
+# KEYS = [attempt, attempt:exp, run, run:exp]; ARGV = [call_id, actual, key_ttl_s (optional: refresh TTLs)]
 SETTLE_LUA = """
 local hs = {KEYS[1], KEYS[3]}
 local out = {}
@@ -78,6 +88,7 @@ for i = 1, 2 do
   end
   redis.call('ZREM', KEYS[2 * i], ARGV[1])
   out[i] = redis.call('HINCRBY', hs[i], 'spent', tonumber(ARGV[2]))
+  if ARGV[3] then redis.call('EXPIRE', hs[i], ARGV[3]) end
 end
 return out
 """
@@ -122,10 +133,10 @@ class ValkeyBudget:
         return 0 if int(ok) == 1 else int(which)
 
     def settle_cmd(self, call_id: str, actual_micro: int) -> tuple:
-        return self._settle.cmd(self.keys, [call_id, actual_micro])
+        return self._settle.cmd(self.keys, [call_id, actual_micro, KEY_TTL_S])
 
     async def settle(self, call_id: str, actual_micro: int) -> None:
-        await self.kv.script(self._settle, self.keys, [call_id, actual_micro])
+        await self.kv.script(self._settle, self.keys, [call_id, actual_micro, KEY_TTL_S])
 
 
 class LocalBudget:

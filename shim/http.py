@@ -662,6 +662,12 @@ class Response:
         return _Body(self._conn, self._pool.read_timeout)
 
     async def read(self) -> bytes:
+        c = self._conn
+        if c.complete and c.error is None:  # the usual case: the whole body came with the head
+            data = b"".join(c.body)
+            c.body.clear()
+            c.queued = 0
+            return data
         return b"".join([chunk async for chunk in self.iter_any()])
 
     def close(self) -> None:
@@ -716,11 +722,18 @@ class Upstream:
                 c.transport.close()
         return None
 
+    def head(self, path: str, headers: Iterable[tuple[str, str]]) -> bytes:
+        """A POST request's head up to (not including) its Content-Length line."""
+        lines = [f"POST {self.base_path}{path} HTTP/1.1", f"Host: {self.host_header}"]
+        lines += [f"{k}: {v}" for k, v in headers]
+        return ("\r\n".join(lines) + "\r\n").encode("latin-1", "replace")
+
     async def post(self, path: str, headers: Iterable[tuple[str, str]], body: bytes) -> Response:
-        head = [f"POST {self.base_path}{path} HTTP/1.1", f"Host: {self.host_header}"]
-        head += [f"{k}: {v}" for k, v in headers]
-        head.append(f"Content-Length: {len(body)}")
-        payload = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1", "replace") + body
+        return await self.post_head(self.head(path, headers), body)
+
+    async def post_head(self, head: bytes, body: bytes) -> Response:
+        """POST with a head from head(): Content-Length and the body are added here."""
+        payload = b"%bContent-Length: %d\r\n\r\n%b" % (head, len(body), body)
         for fresh in (False, True):
             conn = None if fresh else self._get_idle()
             reused = conn is not None

@@ -194,7 +194,8 @@ class KV:
         defer=True: not urgent (settles, progress). The commands wait up to `defer_s` and go out with the next
         urgent request (one write, one round trip) or on their own when the timer fires: fewer syscalls and
         round trips per call when calls overlap, and never on a call's critical path."""
-        payload = b"".join([hiredis.pack_command(c) for c in cmds])
+        payload = hiredis.pack_command(cmds[0]) if len(cmds) == 1 else b"".join(
+            [hiredis.pack_command(c) for c in cmds])
         loop = asyncio.get_running_loop()
         delay = 0.05
         for attempt in range(self.retries + 1):
