@@ -2,6 +2,9 @@
 
     .venv/bin/python bench/bench_shim.py [--quick] [--valkey redis://127.0.0.1:6379/0]
 
+Every shim here has an attempt cap, a run cap and pool limits set (none of them binding), so each call takes
+and settles real holds and books the pool's rpm/itpm/otpm.
+
 Prints, with a PASS/MISS per target (issue 3):
   1. added latency (via shim - direct), simulator at a model's pace (300 ms to first token, 50 tokens/s),
      non-streaming and streams (first byte, last byte), concurrency 1 and 64: p50 <= 0.5 ms, p99 <= 3 ms;
@@ -55,12 +58,23 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
+# what every shim here enforces, as in a real run: an attempt cap and a run cap (never reached) and pool limits
+# (never binding), so that each call takes and settles real holds and books the pool's three GCRA dimensions
+CAPS = {"limits": {"cost_usd": 1000.0, "max_turns": 10**6}, "run_cost_usd": 100_000.0}
+POOL_LIMITS = {"rpm": 10**7, "itpm": 10**11, "otpm": 10**10}
+
+
 @contextmanager
 def shim_process(upstream: str, valkey_url: str, run: str, **over):
+    if valkey_url:
+        r = redis.Redis.from_url(valkey_url)
+        r.hset(keys.pool_limits(f"{run}-pool"), mapping=POOL_LIMITS)
+        r.close()
     with tempfile.TemporaryDirectory() as d:
         cfg = {"upstream_url": upstream, "provider": "anthropic", "model": "claude-sonnet-4-5", "pool": f"{run}-pool",
                "ref": {"run": run, "instance_id": "bench__bench-1", "attempt": 1}, "local_token": TOKEN,
-               "ledger_path": f"{d}/ledger.jsonl", "port_file": f"{d}/port", "valkey_url": valkey_url, **over}
+               "ledger_path": f"{d}/ledger.jsonl", "port_file": f"{d}/port", "valkey_url": valkey_url, **CAPS,
+               **over}
         Path(d, "shim.json").write_text(json.dumps(cfg))
         env = {**os.environ, "SHIM_UPSTREAM_KEY": KEY, "SHIM_LOG_LEVEL": "WARNING",
                "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
