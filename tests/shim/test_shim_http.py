@@ -165,3 +165,20 @@ def test_client_errors_and_timeouts():
             await Upstream("http://127.0.0.1:1", 1, 1).post("/", [], b"")
 
     asyncio.run(main())
+
+
+def test_request_heads_are_parsed_once_per_header_set():
+    from shim.http import _request_head
+
+    a = b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 12\r\nX-Api-Key: k"
+    b = b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 9999\r\nX-Api-Key: k"
+    ma, _, _, ha, cla = _request_head(a)
+    _, _, _, hb, clb = _request_head(b)
+    assert (ma, cla, clb) == ("POST", 12, 9999) and ha is hb  # one parse, shared
+    assert "content-length" not in ha and ha["x-api-key"] == "k"
+    assert _request_head(b"POST / HTTP/1.1\r\nHost: y")[3] is not ha
+    for bad in (b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2",
+                b"POST / HTTP/1.1\r\ncontent-length: -1", b"POST / HTTP/1.1\r\nContent-Length: 1e3",
+                b"P@ST / HTTP/1.1\r\nHost: x", b"POST / HTTP/1.1 extra\r\nHost: x"):
+        with pytest.raises(ValueError):
+            _request_head(bad)
