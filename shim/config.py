@@ -213,9 +213,12 @@ class ShimConfig:
                 value = _convert(name, kind, default)
             if bound is not None and value is not None:
                 op, b = bound
-                ok = {"ge": lambda: value >= b, "gt": lambda: value > b, "minlen": lambda: len(value) >= b}[op]()
-                if not ok:
-                    raise ConfigError(f"{name}: must be {'>=' if op == 'ge' else '>' if op == 'gt' else 'len >='} {b}")
+                if op == "ge" and not value >= b:
+                    raise ConfigError(f"{name}: must be >= {b}")
+                if op == "gt" and not value > b:
+                    raise ConfigError(f"{name}: must be > {b}")
+                if op == "minlen" and len(value) < b:
+                    raise ConfigError(f"{name}: must have at least {b} characters")
             object.__setattr__(self, name, value)
         if self.batch_size > _BATCH_SIZE_MAX:
             raise ConfigError(f"batch_size: must be <= {_BATCH_SIZE_MAX}")

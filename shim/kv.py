@@ -173,9 +173,9 @@ class KV:
     def _watch(self) -> None:
         """Once a second: a connection whose oldest request waited past the socket timeout is dropped."""
         conn = self._conn
-        if conn is not None and conn.waiters and not conn.closed:
-            if time.monotonic() - conn.waiters[0][3] > self.socket_timeout_s:
-                conn._fail(TimeoutError("Valkey did not answer in time"))
+        if (conn is not None and conn.waiters and not conn.closed
+                and time.monotonic() - conn.waiters[0][3] > self.socket_timeout_s):
+            conn._fail(TimeoutError("Valkey did not answer in time"))
         self._watchdog = asyncio.get_running_loop().call_later(1.0, self._watch)
 
     async def aclose(self) -> None:

@@ -581,13 +581,13 @@ class Shim:
                 await self.pacer.settle(pace, None, 0)
             else:
                 await self.pacer.settle(pace, self._limit_input(used), used.output_tokens)
-        except Exception as e:  # a booking not refunded decays by itself
+        except Exception as e:  # noqa: BLE001 - a booking not refunded decays by itself
             log.warning("pacer settle failed: %s", type(e).__name__)
 
     async def _throttled(self, pace: PaceRequest, headers, body: bytes) -> None:
         try:
             await self.pacer.throttled(pace, retry_after_s(headers), throttled_dimension(headers, body))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the retry goes on; the pool learns from the next 429
             log.warning("pacer throttle update failed: %s", type(e).__name__)
 
     def _err_json(self, call: Call, message: str) -> bytes:

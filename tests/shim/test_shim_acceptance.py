@@ -38,7 +38,7 @@ def test_paced_pool_holds_its_limit_under_200_callers(shim, valkey, unique):
     with simulator_process(SimulatorConfig(api_key=UPSTREAM_KEY, rpm=1500)) as url:
         pool = f"{unique}-pool"
         valkey.hset(keys.pool_limits(pool), mapping={"rpm": limit})
-        shims = shim.many(url, [dict(instance=f"repo__repo-{i}", pacer_burst_s=1.0) for i in range(4)])
+        shims = shim.many(url, [{"instance": f"repo__repo-{i}", "pacer_burst_s": 1.0} for i in range(4)])
         done: list[float] = []
         statuses: dict[int, int] = {}
 

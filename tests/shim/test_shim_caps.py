@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -72,7 +71,7 @@ def test_run_cap_holds_under_concurrency(sim, shim, valkey, unique):
     """Ten harnesses on five shims of one run, calling as fast as they can until refused."""
     cap = 0.003
     url = sim(ttft_ms=20)
-    shims = shim.many(url, [dict(model="claude-haiku-4-5", instance=f"repo__repo-{i}", run_cost_usd=cap)
+    shims = shim.many(url, [{"model": "claude-haiku-4-5", "instance": f"repo__repo-{i}", "run_cost_usd": cap}
                             for i in range(5)])
     body = {"model": "m", "max_tokens": 20, "messages": [{"role": "user", "content": "go"}]}
 
@@ -114,7 +113,7 @@ def test_hold_lua_is_exact_under_concurrency(valkey_url, unique):
         # an unsettled hold expires and is swept by the next hold
         e = ValkeyBudget(r, AttemptRef(run=unique + "y", instance_id="a", attempt=1), 0.00001, None, 0.05)
         assert await e.hold("y1", 10) == 0 and await e.hold("y2", 10) == 1
-        time.sleep(0.1)
+        await asyncio.sleep(0.1)
         assert await e.hold("y3", 10) == 0
         await r.aclose()
         await r.connection_pool.disconnect()

@@ -123,7 +123,7 @@ def test_gate_holds_and_admits_in_one_script(valkey_url, valkey, unique, client)
 
     async def main():
         kv = KV(valkey_url) if client == "kv" else as_kv(aioredis.Redis.from_url(valkey_url))
-        gate, budget, pacer = _gate(kv, unique, acap=0.0001, rcap=None, rpm=60)
+        gate, budget, _ = _gate(kv, unique, acap=0.0001, rcap=None, rpm=60)
         assert gate.combined
         req = PaceRequest(f"{unique}-pool", 10, 10)
         assert await gate.hold("c1", 60, req) == (0, True, 0.0, True)  # held, admitted at once

@@ -64,7 +64,7 @@ def gateway(tmp_path_factory):
         # DB-less: the proxy must not see the project's DATABASE_URL (it would switch to its Prisma mode).
         env = {**{k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
                "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_MASTER_KEY": master, "SIM_KEY": SIM_KEY}
-        log = open(d / "litellm.log", "wb")
+        log = open(d / "litellm.log", "wb")  # noqa: SIM115 - closed by the stack callback below
         proc = subprocess.Popen([exe, "--config", str(d / "cfg.yaml"), "--port", str(port), "--num_workers", "1"],
                                 env=env, stdout=log, stderr=subprocess.STDOUT)
         stack.callback(lambda: (proc.terminate(), proc.wait(20), log.close()))

@@ -52,7 +52,7 @@ def test_batches_and_sigterm_flush(sim, shim, moto_endpoint, unique):
     assert [len(b.rows) for b in batches] == [3, 3, 2]
     assert all(b.ref.run == unique for b in batches)
     seqs = [r.seq for b in batches for r in b.rows]
-    assert sorted(seqs) == list(range(1, 9)) and len(set(r.call_id for b in batches for r in b.rows)) == 8
+    assert sorted(seqs) == list(range(1, 9)) and len({r.call_id for b in batches for r in b.rows}) == 8
     status = json.loads((s.dir / "status.json").read_text())
     assert status["ledger_rows"] == 8 and status["ledger_sent"] == 8 and status["calls"] == 8
     assert status["totals"]["calls"] == 8 and status["totals"]["cost_usd"] > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 from hypothesis import given, settings
@@ -21,7 +22,7 @@ def test_sse_framing_independent_of_chunking(cuts, crlf):
         stream = stream.replace(b"\n", b"\r\n")
     bounds = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
     meter, split, events = StreamMeter(MESSAGES), SSESplitter(), []
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         for ev in split.feed(stream[a:b]):
             events.append(ev)
             meter.on_event(*ev)
