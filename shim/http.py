@@ -215,7 +215,8 @@ class Responder:
         self.started = self.done = True
         self.status = status
         close = not self._req.keep_alive or self._conn.closing
-        self._conn.write(_head(status, self._headers(headers), f"Content-Length: {len(body)}", close) + body)
+        head = _head(status, self._headers(headers), f"Content-Length: {len(body)}", close)
+        self._conn.write(head if self._req.method == "HEAD" else head + body)  # HEAD: no body
         self._conn.response_done(close)
 
     async def start(self, status: int, headers) -> None:

@@ -182,3 +182,50 @@ def test_request_heads_are_parsed_once_per_header_set():
                 b"P@ST / HTTP/1.1\r\nHost: x", b"POST / HTTP/1.1 extra\r\nHost: x"):
         with pytest.raises(ValueError):
             _request_head(bad)
+
+
+def test_head_requests_get_no_body():
+    async def main():
+        server, port, _ = await _echo_server()
+        out = await _raw(port, b"HEAD /x HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert out.startswith(b"HTTP/1.1 200") and out.endswith(b"\r\n\r\n")  # Content-Length, no body
+        await server.shutdown(0.1)
+
+    asyncio.run(main())
+
+
+def test_client_over_tls(tmp_path, monkeypatch):
+    import shutil
+    import ssl
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
+                   check=True, capture_output=True)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the client trusts the system's CAs; here, this one
+
+    async def main():
+        async def handler(req, resp):
+            resp.send(200, [("Content-Type", "application/json")], b'{"tls": true, "n": %d}' % len(req.body))
+
+        server = Server(handler, 1 << 20)
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(cert, key)
+        loop = asyncio.get_running_loop()
+        from shim.http import _ServerConn
+
+        srv = await loop.create_server(lambda: _ServerConn(server), "127.0.0.1", 0, ssl=ctx)
+        port = srv.sockets[0].getsockname()[1]
+        up = Upstream(f"https://localhost:{port}", 5, 5)
+        for _ in range(2):  # the second on the kept-alive TLS connection
+            r = await up.post("/v1/messages", [("Content-Type", "application/json")], b"{}")
+            assert r.status == 200 and json.loads(await r.read()) == {"tls": True, "n": 2}
+            r.close()
+        assert len(up.idle) == 1
+        up.close()
+        srv.close()
+
+    asyncio.run(main())
