@@ -40,9 +40,15 @@ class Totals:
 
 
 def _default_sender(queue_url: str, body: str) -> None:
-    from contract import aws
+    from contract import aws  # boto3: imported only when a results queue is configured
 
     aws.send(queue_url, body)
+
+
+def _warm_default_sender() -> None:
+    from contract import aws
+
+    aws.client("sqs")
 
 
 class Ledger:
@@ -109,6 +115,14 @@ class Ledger:
     def start(self) -> None:
         if self.queue_url and self._task is None:
             self._task = asyncio.create_task(self._run(), name="ledger-sender")
+
+    def warm(self) -> None:
+        """With a results queue: import boto3 and make the SQS client in a thread now (the shim is ready and
+        idle), not at the first batch, in the middle of calls."""
+        if self.queue_url and self.sender is _default_sender:
+            fut = asyncio.get_running_loop().run_in_executor(None, _warm_default_sender)
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception() is None
+                                  or log.warning("SQS client warm-up failed: %s", type(f.exception()).__name__))
 
     async def _run(self) -> None:
         while not self._stopping:

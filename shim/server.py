@@ -216,6 +216,7 @@ class Shim:
             os.replace(tmp, cfg.port_file)
         log.info("shim ready on %s:%d -> %s (%s, model %s)", cfg.listen_host, self.port, self.upstream,
                  cfg.provider, cfg.model)
+        self.ledger.warm()  # after the port file: the harness can start while boto3 loads
         return self.port
 
     async def stop(self) -> bool:
