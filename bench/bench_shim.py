@@ -147,8 +147,11 @@ async def latency_closed(direct: str, via: str, conc: int, calls: int, seed: int
     out = {(m, s): [] for m in ("direct", "shim") for s in (False, True)}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         for stream in (False, True):
-            period = (await one(session, direct + "/v1/messages", hd, stream))[1] / 1000  # also warms up
-            await one(session, via + "/v1/messages", hs, stream)
+            period = (await one(session, direct + "/v1/messages", hd, stream))[1] / 1000
+            # warm-up, not measured: `conc` calls at once each way, so that both sides have their connections
+            # (the harness's to the shim and the simulator, the shim's to the simulator) before measuring
+            await asyncio.gather(*(one(session, base + "/v1/messages", h, stream)
+                                   for base, h in ((direct, hd), (via, hs)) for _ in range(conc)))
             if conc == 1:
                 for _ in range(calls):
                     out[("direct", stream)].append(await one(session, direct + "/v1/messages", hd, stream))
@@ -254,7 +257,8 @@ def main() -> int:
                     print(f"   workload c=1: one caller direct, one via the shim, alternating, {calls} calls each")
                 else:
                     print(f"   workload c={conc}: {conc} closed-loop callers via the shim and {conc} direct, running "
-                          f"side by side, random start offsets within one call, {calls} calls each")
+                          f"side by side, random start offsets within one call, {calls} calls each "
+                          f"(after a warm-up of {conc} calls at once each way)")
                 report_latency(asyncio.run(latency_closed(sim, via, conc, calls)), conc)
             print("   informational, not a target: c=64 lockstep bursts (64 calls in the same millisecond, "
                   "direct and shim waves alternating)")
