@@ -69,15 +69,18 @@ local function ep_admit(kp, kl, burst, max_wait, c_rpm, c_itpm, c_otpm, now)
   local wait = s - now
   if wait > max_wait then return {0, math.ceil(wait)} end
   local hi = s
+  local set = {}
   for i = 1, 3 do
     if per[i] then
       local base = tat[i]
       if s > base then base = s end
       local nt = base + cost[i] * per[i]
-      redis.call('HSET', kp, names[i], tostring(nt))
+      set[#set + 1] = names[i]
+      set[#set + 1] = tostring(nt)
       if nt > hi then hi = nt end
     end
   end
+  if #set > 0 then redis.call('HSET', kp, unpack(set)) end
   if hi > now then redis.call('PEXPIRE', kp, math.ceil(hi - now) + 60000) end
   return {1, math.ceil(wait)}
 end
