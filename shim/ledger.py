@@ -73,6 +73,7 @@ class Ledger:
         self.rows = 0  # rows written by this process
         self.sent = 0  # rows accepted by the queue
         self.pending: list[str] = []  # rows as JSON
+        self.pending_seqs: list[int] = []  # their seqs (the shim's status names the unsent ones at exit)
         self.totals = Totals()
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
@@ -106,6 +107,7 @@ class Ledger:
         t.cost_usd = round(t.cost_usd + row["cost_usd"], 9)
         if self.queue_url:
             self.pending.append(line)
+            self.pending_seqs.append(self.seq)
             if len(self.pending) >= self.batch_size:
                 self._wake.set()
         return row
@@ -160,6 +162,7 @@ class Ledger:
                     log.warning("ledger batch send failed (%d pending): %s", len(self.pending), type(e).__name__)
                     return False
                 del self.pending[:n]
+                del self.pending_seqs[:n]
                 self.sent += n
                 self._failures = 0
         return True

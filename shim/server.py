@@ -266,6 +266,8 @@ class Shim:
             "turns": self.turns,
             "retries": self.retries,
             "in_flight": self.in_flight,
+            # rows a results queue did not accept (yet): at exit, the task sends them with its result
+            "unsent_seqs": list(self.ledger.pending_seqs),
         }
 
     def _progress_fields(self) -> dict[str, Any]:

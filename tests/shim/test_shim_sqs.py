@@ -55,6 +55,7 @@ def test_batches_and_sigterm_flush(sim, shim, moto_endpoint, unique):
     assert sorted(seqs) == list(range(1, 9)) and len({r.call_id for b in batches for r in b.rows}) == 8
     status = json.loads((s.dir / "status.json").read_text())
     assert status["ledger_rows"] == 8 and status["ledger_sent"] == 8 and status["calls"] == 8
+    assert status["unsent_seqs"] == []
     assert status["totals"]["calls"] == 8 and status["totals"]["cost_usd"] > 0
     local = [json.loads(line) for line in s.ledger_path.read_text().splitlines()]
     assert [r["call_id"] for r in local] == [str(r.call_id) for b in batches for r in b.rows]
@@ -88,3 +89,4 @@ def test_unsendable_rows_exit_nonzero(sim, shim, moto_endpoint, unique):
     assert len(s.rows()) == 1
     status = json.loads((s.dir / "status.json").read_text())
     assert status["ledger_rows"] == 1 and status["ledger_sent"] == 0
+    assert status["unsent_seqs"] == [1]  # harness/task.py sends these rows with the attempt's result
