@@ -83,6 +83,7 @@ class Shim:
             "ledger_path": str(self.ledger), "valkey_url": job.valkey_url,
             "results_queue_url": job.results_queue_url, "limits": job.limits.model_dump(),
             "run_cost_usd": job.run_cost_usd, "port_file": str(self.port_file), "status_path": str(self.status_file),
+            "flush_on_exit": False,  # its last rows ride with the attempt's result (unsent_rows, send_result)
         }
         (workdir / "shim.json").write_text(json.dumps(cfg))
         env = {k: v for k, v in os.environ.items() if k != UPSTREAM_KEY_ENV} | {"SHIM_UPSTREAM_KEY": key}
@@ -106,7 +107,7 @@ class Shim:
             return {}
 
     def stop(self) -> dict:
-        """SIGTERM: the shim flushes its ledger batches to the results queue and writes its status."""
+        """SIGTERM: the shim stops and writes its status (which names the ledger rows it did not send)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

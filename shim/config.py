@@ -80,6 +80,9 @@ _FIELDS: dict[str, tuple[Any, Any, tuple[str, float] | None]] = {
     "hold_ttl_s": ("float", 1800.0, ("gt", 0)),  # a budget hold not settled by then is released
     "shutdown_timeout_s": ("float", 5.0, None),  # grace for in-flight calls on SIGTERM
     "sqs_flush_timeout_s": ("float", 30.0, None),  # how long shutdown keeps retrying SQS sends
+    # false: at exit, rows not yet sent stay for the task, which sends them inside the attempt's result (one
+    # message instead of two; the status file's unsent_seqs names them)
+    "flush_on_exit": ("bool", True, None),
     "max_body_bytes": ("int", 32 << 20, ("ge", 1024)),  # larger requests get 413 (Anthropic's limit: 32 MB)
     "max_stream_buffer_bytes": ("int", 1 << 20, None),  # pre-content buffer (for transparent retries)
 }
@@ -145,6 +148,10 @@ def _convert(name: str, kind: Any, v: Any) -> Any:
         if v is None:
             return None
         kind = kind[:-1]
+    if kind == "bool":
+        if not isinstance(v, bool):
+            raise ConfigError(f"{name}: expected true or false, got {v!r}")
+        return v
     if kind == "str":
         return _str(name, v)
     if kind == "int":
@@ -197,6 +204,7 @@ class ShimConfig:
     hold_ttl_s: float
     shutdown_timeout_s: float
     sqs_flush_timeout_s: float
+    flush_on_exit: bool
     max_body_bytes: int
     max_stream_buffer_bytes: int
 

@@ -173,8 +173,9 @@ class Ledger:
                          separators=(",", ":"))
         return '{"msg":{"kind":"ledger","ref":' + ref + ',"rows":[' + ",".join(rows) + "]}}"
 
-    async def close(self, timeout_s: float = 30.0) -> bool:
-        """Stop the sender, send what is left (retrying until timeout), close the file."""
+    async def close(self, timeout_s: float = 30.0, send: bool = True) -> bool:
+        """Stop the sender, send what is left (retrying until timeout; or, send=False, leave it for the task to
+        send with the attempt's result: `pending_seqs` names it), close the file."""
         if self._task is not None:
             # let an in-flight send finish (cancelling it could send a batch twice)
             self._stopping = True
@@ -184,6 +185,9 @@ class Ledger:
             except Exception as e:  # noqa: BLE001 - flush() below retries what the sender left pending
                 log.debug("ledger sender ended with %s", type(e).__name__)
             self._task = None
+        if not send:
+            self._file.close()
+            return True
         ok = await self.flush()
         deadline = time.monotonic() + timeout_s
         delay = 0.2

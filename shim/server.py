@@ -232,7 +232,7 @@ class Shim:
             self._heartbeat.cancel()
         if self._bg:
             await asyncio.gather(*self._bg, return_exceptions=True)
-        sent_all = await self.ledger.close(self.cfg.sqs_flush_timeout_s)
+        sent_all = await self.ledger.close(self.cfg.sqs_flush_timeout_s, send=self.cfg.flush_on_exit)
         if self.progress is not None:
             await self.progress.publish(self._progress_fields())
         if self.http is not None:

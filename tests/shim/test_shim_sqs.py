@@ -90,3 +90,16 @@ def test_unsendable_rows_exit_nonzero(sim, shim, moto_endpoint, unique):
     status = json.loads((s.dir / "status.json").read_text())
     assert status["ledger_rows"] == 1 and status["ledger_sent"] == 0
     assert status["unsent_seqs"] == [1]  # harness/task.py sends these rows with the attempt's result
+
+
+def test_without_flush_on_exit_the_last_rows_are_left_for_the_result(sim, shim, moto_endpoint, unique):
+    """flush_on_exit = false (what harness/task.py sets): full batches still go during the run; at SIGTERM the
+    partial one stays, named by unsent_seqs, for the task to send inside the attempt's result."""
+    queue = aws.client("sqs").create_queue(QueueName=unique)["QueueUrl"]
+    s = shim(sim(), results_queue_url=queue, batch_size=3, batch_interval_s=60, flush_on_exit=False)
+    _call(s.base, 4)
+    _wait(lambda: s.status()["ledger_sent"] == 3)
+    assert s.stop(signal.SIGTERM) == 0
+    assert [r.seq for b in _drain(queue) for r in b.rows] == [1, 2, 3]
+    status = json.loads((s.dir / "status.json").read_text())
+    assert status["ledger_rows"] == 4 and status["ledger_sent"] == 3 and status["unsent_seqs"] == [4]
