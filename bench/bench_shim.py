@@ -287,6 +287,12 @@ def main() -> int:
             with shim_process("http://127.0.0.1:9", args.valkey, run) as (_, proc, ready):
                 readies.append(ready)
         verdict("RSS after the CPU run", f"{rss:.1f} MB", rss <= 50)
+        # in a task the shim always has a results queue: its SQS client (botocore) is loaded once it is ready
+        with shim_process("http://127.0.0.1:9", args.valkey, run,
+                          results_queue_url="http://127.0.0.1:9/000000000000/bench-never") as (_, proc, _):
+            time.sleep(3)
+            rss_q = rss_mb(proc.pid)
+        verdict("RSS with a results queue configured (SQS client loaded, idle)", f"{rss_q:.1f} MB", rss_q <= 50)
         verdict("exec to ready-to-serve (median of 3)", f"{statistics.median(readies) * 1000:.0f} ms",
                 statistics.median(readies) <= 0.5)
     finally:

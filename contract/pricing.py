@@ -160,15 +160,41 @@ def from_entry(entry: dict[str, Any]) -> Price:
     )
 
 
-def price(model: str, provider: str | None = None, path: Path | None = None) -> Price:
-    """Price of a model id as the provider names it (with or without a 'provider/' prefix)."""
-    table = _table(str(path or price_file()))
+def _candidates(model: str, provider: str | None) -> list[str]:
     candidates = [model]
     if "/" in model:
         candidates.append(model.split("/", 1)[1])
     if provider:
         candidates.append(f"{provider}/{model}")
-    for name in candidates:
+    return candidates
+
+
+def price_one(model: str, provider: str | None = None, path: Path | None = None) -> Price:
+    """price() without keeping the table: the entry is decoded straight from the file's text, so a process that
+    needs one model's price (the shim, in every task) does not hold the whole parsed table (~4 MB)."""
+    file = path or price_file()
+    text = Path(file).read_text()
+    decoder = json.JSONDecoder()
+    for name in _candidates(model, provider):
+        key = json.dumps(name) + ":"
+        i = text.find(key)
+        while i >= 0:
+            j = i + len(key)
+            while text[j] in " \t\r\n":
+                j += 1
+            if text[j] == "{":
+                entry, _ = decoder.raw_decode(text, j)
+                if isinstance(entry, dict) and "input_cost_per_token" in entry:
+                    return from_entry(entry)
+                break
+            i = text.find(key, i + 1)  # the same text as a value, not a key: look further
+    return price(model, provider, path)  # not found that way: the whole table decides (and raises)
+
+
+def price(model: str, provider: str | None = None, path: Path | None = None) -> Price:
+    """Price of a model id as the provider names it (with or without a 'provider/' prefix)."""
+    table = _table(str(path or price_file()))
+    for name in _candidates(model, provider):
         entry = table.get(name)
         if entry and "input_cost_per_token" in entry:
             return from_entry(entry)

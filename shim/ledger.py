@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,16 +41,32 @@ class Totals:
                 "cost_usd": self.cost_usd}
 
 
-def _default_sender(queue_url: str, body: str) -> None:
-    from contract import aws  # boto3: imported only when a results queue is configured
+_sqs = None
+_sqs_lock = threading.Lock()
 
-    aws.send(queue_url, body)
+
+def _sqs_client():
+    """A botocore SQS client, made once (in a thread), only when a results queue is configured. botocore alone,
+    not boto3 (~3 MB less in every task), with contract.aws.client's settings: region $AWS_DEFAULT_REGION (else
+    us-east-1), 8 adaptive retries; botocore itself honours $AWS_ENDPOINT_URL_SQS / $AWS_ENDPOINT_URL."""
+    global _sqs
+    with _sqs_lock:  # the warm-up thread and the first send may race
+        if _sqs is None:
+            import botocore.session
+            from botocore.config import Config
+
+            _sqs = botocore.session.get_session().create_client(
+                "sqs", region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+                config=Config(retries={"max_attempts": 8, "mode": "adaptive"}))
+    return _sqs
+
+
+def _default_sender(queue_url: str, body: str) -> None:
+    _sqs_client().send_message(QueueUrl=queue_url, MessageBody=body)
 
 
 def _warm_default_sender() -> None:
-    from contract import aws
-
-    aws.client("sqs")
+    _sqs_client()
 
 
 class Ledger:

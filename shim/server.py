@@ -157,7 +157,7 @@ class Shim:
 
     def _load_price(self) -> pricing.Price | None:
         try:
-            return pricing.price(self.cfg.model, self.cfg.provider)
+            return pricing.price_one(self.cfg.model, self.cfg.provider)
         except (pricing.UnknownModel, OSError, ValueError) as e:
             log.warning("no price for model %r (%s): calls are metered at cost 0 and the cost caps "
                         "cannot bind", self.cfg.model, type(e).__name__)

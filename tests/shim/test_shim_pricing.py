@@ -84,3 +84,15 @@ def test_usage_normalisation_keeps_the_one_hour_share():
     assert (u + u).cache_write_1h_tokens == 100
     assert normalise(MESSAGES, {"cache_creation_input_tokens": 10,
                                 "cache_creation": {"ephemeral_1h_input_tokens": 99}}).cache_write_1h_tokens == 10
+
+
+@pytest.mark.parametrize("model,provider", [("claude-sonnet-4-5", "anthropic"), ("gpt-4o-mini", "openai"),
+                                            (TIERED, None), ("anthropic/claude-sonnet-4-5", None),
+                                            ("gemini-2.5-pro", None)])
+def test_price_one_matches_the_table(model, provider):
+    assert pricing.price_one(model, provider) == pricing.price(model, provider)
+
+
+def test_price_one_unknown_model_raises():
+    with pytest.raises(pricing.UnknownModel):
+        pricing.price_one("no-such-model-anywhere", "anthropic")
