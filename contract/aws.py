@@ -1,4 +1,7 @@
-"""boto3 clients for S3 and SQS, honouring AWS_ENDPOINT_URL (moto's server mode locally, in-VPC endpoints on AWS)."""
+"""AWS clients for S3 and SQS, honouring AWS_ENDPOINT_URL (moto's server mode locally, in-VPC endpoints on AWS).
+
+One set of settings (endpoint, region, retries) for every process; boto3 is imported only by the processes that
+use `client` (the shim, in every task, makes its SQS client from botocore alone: `bare_client`)."""
 
 from __future__ import annotations
 
@@ -6,21 +9,34 @@ import os
 from functools import lru_cache
 from urllib.parse import urlparse
 
-import boto3
 from botocore.config import Config
 
 _CONFIG = Config(retries={"max_attempts": 8, "mode": "adaptive"}, max_pool_connections=32)
 
 
+def _endpoint(service: str) -> str | None:
+    return os.environ.get(f"AWS_ENDPOINT_URL_{service.upper()}") or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
+def _region() -> str:
+    return os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
+
+
 @lru_cache(maxsize=None)
 def client(service: str, endpoint_url: str | None = None):
-    return boto3.client(
-        service,
-        endpoint_url=endpoint_url or os.environ.get(f"AWS_ENDPOINT_URL_{service.upper()}")
-        or os.environ.get("AWS_ENDPOINT_URL") or None,
-        region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-        config=_CONFIG,
-    )
+    import boto3
+
+    return boto3.client(service, endpoint_url=endpoint_url or _endpoint(service), region_name=_region(),
+                        config=_CONFIG)
+
+
+@lru_cache(maxsize=None)
+def bare_client(service: str):
+    """The same client from botocore alone (no boto3: a few MB less in every task's shim)."""
+    import botocore.session
+
+    return botocore.session.get_session().create_client(service, endpoint_url=_endpoint(service),
+                                                        region_name=_region(), config=_CONFIG)
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:

@@ -1,6 +1,14 @@
-"""Valkey key names, in one place. Curly-brace hash tags keep one run's (or pool's) keys on one shard."""
+"""Valkey key names, in one place. Curly-brace hash tags keep one run's (or pool's) keys on one shard.
 
-from contract.models import AttemptRef
+Imports nothing at run time: the shim uses it, and contract.models (pydantic) would cost it ~13 MB and ~0.1 s.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from contract.models import AttemptRef
 
 PROGRESS_TTL_S = 120  # a task that stops refreshing its progress key is presumed dead after this
 

@@ -12,7 +12,7 @@ import math
 import time
 from typing import Protocol
 
-from shim._keys import keys
+from contract import keys
 from shim.kv import Script, as_kv
 
 KEY_TTL_S = 14 * 24 * 3600

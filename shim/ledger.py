@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -46,18 +45,14 @@ _sqs_lock = threading.Lock()
 
 
 def _sqs_client():
-    """A botocore SQS client, made once (in a thread), only when a results queue is configured. botocore alone,
-    not boto3 (~3 MB less in every task), with contract.aws.client's settings: region $AWS_DEFAULT_REGION (else
-    us-east-1), 8 adaptive retries; botocore itself honours $AWS_ENDPOINT_URL_SQS / $AWS_ENDPOINT_URL."""
+    """The SQS client (contract.aws.bare_client: botocore alone, the project's settings), made once, in a thread,
+    only when a results queue is configured."""
     global _sqs
     with _sqs_lock:  # the warm-up thread and the first send may race
         if _sqs is None:
-            import botocore.session
-            from botocore.config import Config
+            from contract import aws
 
-            _sqs = botocore.session.get_session().create_client(
-                "sqs", region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-                config=Config(retries={"max_attempts": 8, "mode": "adaptive"}))
+            _sqs = aws.bare_client("sqs")
     return _sqs
 
 

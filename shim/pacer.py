@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from shim._keys import keys
+from contract import keys
 from shim.kv import Script, as_kv
 
 log = logging.getLogger("shim.pacer")

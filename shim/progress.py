@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Mapping
 
-from shim._keys import keys
+from contract import keys
 from shim.kv import as_kv
 
 log = logging.getLogger("shim.progress")
