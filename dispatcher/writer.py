@@ -255,6 +255,28 @@ class ResultsWriter:
                  Jsonb({"reason": v.reason, "report_uri": v.report_uri})),
             )
 
+    def recover_ledgers(self, refs: list[AttemptRef]) -> int:
+        """Attempts landed as infra_error by the dispatcher (their task died without reporting): land whatever
+        ledger rows the task's copy in S3 holds (a task that died after uploading it, before its result went
+        out). The call_id key absorbs rows that arrived in batches already."""
+        n = 0
+        for ref in refs:
+            try:
+                text = aws.get_text(self.res.artifacts_prefix(ref) + "ledger.jsonl")
+            except Exception:  # noqa: BLE001 - no copy (the task died earlier): nothing to recover
+                continue
+            try:
+                rows = [orjson.loads(line) for line in text.splitlines() if line.strip()]
+                if rows:
+                    with self.conn.transaction(), self.conn.cursor() as cur:
+                        self._copy_calls(cur, rows)
+            except (ValueError, psycopg.DataError, psycopg.IntegrityError) as e:
+                log.error("the S3 ledger copy of %s is unreadable, not recovered: %s", ref.slug, e)
+                continue
+            n += len(rows)
+            log.info("recovered %d ledger rows of %s from its S3 copy", len(rows), ref.slug)
+        return n
+
     # ------------------------------------------------------------ eval jobs
 
     def enqueue_eval(self, refs: list[AttemptRef]) -> None:
@@ -320,6 +342,8 @@ class ResultsWriter:
             ready, refused = self.land_each(batch)
             keep = [m for i, m in enumerate(keep) if i not in set(refused)]
         t = self._clock("land", t)
+        self.recover_ledgers([m.msg.ref for m in batch if isinstance(m.msg, AttemptResult)
+                              and m.msg.outcome is HarnessOutcome.INFRA_ERROR and m.msg.ledger_calls == 0])
         self.enqueue_eval(ready)
         t = self._clock("enqueue eval", t)
         for i in range(0, len(keep), 10):

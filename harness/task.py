@@ -148,6 +148,27 @@ def send_result(queue_url: str, result: AttemptResult, tail: list[CallRecord]) -
     aws.send(queue_url, body)
 
 
+def store_artifacts(prefix: str, workdir: Path, patch: str) -> tuple[str | None, str | None, list[str]]:
+    """Patch, trajectory and ledger copy to S3, each upload on its own: whatever fails, the task still sends its
+    result (with the shim's unsent ledger rows), saying what is missing. Returns (patch_uri, trajectory_uri,
+    problems)."""
+    uris: dict[str, str] = {}
+    problems = []
+    traj, ledger = workdir / "trajectory.json", workdir / "ledger.jsonl"
+    for name, body, kind in (("patch.diff", patch, "text/x-diff"),
+                             ("trajectory.json", traj.read_bytes() if traj.exists() else None, "application/json"),
+                             ("ledger.jsonl", ledger.read_bytes() if ledger.exists() else None, "application/x-ndjson")):
+        if not body:
+            continue
+        try:
+            aws.put_text(prefix + name, body, kind)
+            uris[name] = prefix + name
+        except Exception as e:  # noqa: BLE001 - S3 failed after the client's own retries: say so in the result
+            log.exception("uploading %s failed", name)
+            problems.append(f"{name} not stored: {type(e).__name__}")
+    return uris.get("patch.diff"), uris.get("trajectory.json"), problems
+
+
 class Heartbeat:
     """The attempt's progress key, kept alive while the task lives: the dispatcher's sign not to relaunch it."""
 
@@ -265,17 +286,11 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # from here on, finish landing the row whatever comes
         if shim is not None:
             shim_status = shim.stop()
-    prefix = job.artifacts_prefix
-    patch_uri = traj_uri = None
-    if patch:
-        patch_uri = prefix + "patch.diff"
-        aws.put_text(patch_uri, patch, "text/x-diff")
-    traj = workdir / "trajectory.json"
-    if traj.exists():
-        traj_uri = prefix + "trajectory.json"
-        aws.put_text(traj_uri, traj.read_bytes())
-    if (workdir / "ledger.jsonl").exists():
-        aws.put_text(prefix + "ledger.jsonl", (workdir / "ledger.jsonl").read_bytes(), "application/x-ndjson")
+    patch_uri, traj_uri, problems = store_artifacts(job.artifacts_prefix, workdir, patch)
+    if patch and patch_uri is None:  # a patch the grader cannot fetch: not gradable, an infrastructure failure
+        outcome, patch = HarnessOutcome.INFRA_ERROR, ""
+    if problems:
+        error = "; ".join(([error] if error else []) + problems)
     result = AttemptResult(
         ref=ref, harness=job.harness.name, pool=job.model.pool, model=job.model.model, outcome=outcome,
         patch_uri=patch_uri, patch_bytes=len(patch.encode()), trajectory_uri=traj_uri,

@@ -151,3 +151,23 @@ def test_a_row_the_database_refuses_keeps_only_its_own_message_back(run, pg):
     left = aws.client("sqs").get_queue_attributes(QueueUrl=res.results_queue_url, AttributeNames=[
         "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
     assert int(left["ApproximateNumberOfMessages"]) + int(left["ApproximateNumberOfMessagesNotVisible"]) == 1
+
+
+def test_an_infra_error_recovers_the_ledger_rows_of_the_tasks_s3_copy(run, pg):
+    """A task that died after uploading its ledger copy but before sending its result: the dispatcher lands it as
+    infra_error, and the writer lands the copy's rows (the ones already sent in a batch only once)."""
+    res, writer = run
+    ref = AttemptRef(run=res.run, instance_id="a__b-7", attempt=1)
+    rows = calls(ref, 3)
+    send_all(res, [LedgerBatch(ref=ref, rows=rows[:1])])
+    drain(writer)
+    aws.put_text(res.artifacts_prefix(ref) + "ledger.jsonl", "".join(r.model_dump_json() + "\n" for r in rows))
+    t = utcnow()
+    send_all(res, [AttemptResult(ref=ref, harness="mini-swe-agent", pool="p", model="m",
+                                 outcome=HarnessOutcome.INFRA_ERROR, started_at=t, ended_at=t,
+                                 error="task exited with code -9 without a result")])
+    drain(writer)
+    got = pg.execute("SELECT seq FROM calls WHERE run=%s AND instance_id=%s ORDER BY seq", (res.run, ref.instance_id))
+    assert [r[0] for r in got.fetchall()] == [1, 2, 3]
+    assert pg.execute("SELECT outcome FROM attempts WHERE run=%s AND instance_id=%s",
+                      (res.run, ref.instance_id)).fetchone() == ("infra_error",)

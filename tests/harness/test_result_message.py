@@ -51,3 +51,17 @@ def test_result_carries_the_rows_in_one_message_or_sends_them_first(moto_endpoin
     (res_msg,) = [m for m in msgs if m.kind == "attempt_result"]
     assert sorted(r.seq for b in batches for r in b.rows) == list(range(1, 301)) and res_msg.ledger == []
     resources.remove_queues(res)
+
+
+def test_artifacts_that_cannot_be_stored_are_named_not_fatal(moto_endpoint, unique, tmp_path):
+    """A failed upload does not stop the task from sending its result: it is named in the result's error."""
+    res = resources.ensure(unique)
+    (tmp_path / "trajectory.json").write_text("{}")
+    (tmp_path / "ledger.jsonl").write_text("{}\n")
+    ok = task.store_artifacts(f"s3://{res.bucket}/runs/{unique}/attempts/a__b-1/1/", tmp_path, "diff --git a b\n")
+    assert ok[0].endswith("/patch.diff") and ok[1].endswith("/trajectory.json") and ok[2] == []
+    missing = task.store_artifacts(f"s3://no-such-bucket-{unique}/x/", tmp_path, "diff --git a b\n")
+    assert missing[:2] == (None, None)
+    assert [p.split(" ")[0] for p in missing[2]] == ["patch.diff", "trajectory.json", "ledger.jsonl"]
+    assert task.store_artifacts(f"s3://{res.bucket}/y/", tmp_path / "empty", "") == (None, None, [])
+    resources.remove_queues(res)
