@@ -309,12 +309,15 @@ class DriverLoop:
         """An earlier dispatcher's task is waited for while its progress key lives; once the key is gone and no
         row landed, the task died unheard and the attempt goes back to pending."""
         refs = list(self.waiting)
+        self.waiting = {r for r, is_live in zip(refs, self._live(refs))
+                        if is_live and (r.instance_id, r.attempt) not in self.landed}
+
+    def _live(self, refs: list[AttemptRef]) -> list[bool]:
+        """Whether each attempt's progress key exists (a task, ours or an earlier driver's, holds it)."""
         with self.valkey.pipeline(transaction=False) as p:
             for r in refs:
                 p.exists(keys.progress(r))
-            live = p.execute()
-        self.waiting = {r for r, is_live in zip(refs, live)
-                        if is_live and (r.instance_id, r.attempt) not in self.landed}
+            return [bool(n) for n in p.execute()]
 
     def _launch(self, landed: dict, now: float) -> None:
         """Up to the target: job documents first (written in parallel), then one task per attempt."""
@@ -328,10 +331,7 @@ class DriverLoop:
             batch.append(ref)
         if not batch:
             return
-        with self.valkey.pipeline(transaction=False) as p:
-            for r in batch:
-                p.exists(keys.progress(r))
-            live = p.execute()
+        live = self._live(batch)
         self.waiting.update(r for r, is_live in zip(batch, live) if is_live)  # an earlier dispatcher's task
         batch = [r for r, is_live in zip(batch, live) if not is_live]
         t0 = time.monotonic()
@@ -399,10 +399,10 @@ class DriverLoop:
             if t.exit_code is None and ref not in self.cancel_sent:
                 self.launcher.stop(t.handle)
                 self.cancel_sent.add(ref)
-        for ref in self.plan.refs:
-            if (ref.instance_id, ref.attempt) in landed or ref in self.running or ref in self.cancel_sent:
-                continue
-            if self.valkey.exists(keys.progress(ref)):
+        never = [ref for ref in self.plan.refs if (ref.instance_id, ref.attempt) not in landed
+                 and ref not in self.running and ref not in self.cancel_sent]
+        for ref, is_live in zip(never, self._live(never)):
+            if is_live:
                 continue  # an earlier dispatcher's task: it lands its own row
             land_attempt(self.res, self.plan, ref, HarnessOutcome.CANCELLED, "run cancelled before launch")
             self.cancel_sent.add(ref)
