@@ -203,16 +203,26 @@ class ResultsWriter:
                 copy.write_row(v)
         cur.execute("INSERT INTO calls SELECT * FROM calls_stage ON CONFLICT (call_id) DO NOTHING")
 
-    def land_each(self, batch: list[Incoming]) -> tuple[list[AttemptRef], list[int]]:
+    def land_each(self, batch: list[Incoming]) -> tuple[list[AttemptRef], set[int]]:
         """Land a refused batch one message at a time; returns what became PATCH_READY and the indexes of the
-        messages the database refused on their own (left for the dead-letter queue)."""
-        ready, refused = [], []
+        messages the database refused on their own (left for the dead-letter queue). An attempt's row must land
+        whatever its ledger rows hold: a refused result is landed without them, and they go back to the queue
+        as a batch of their own (to the dead-letter queue if they are refused again)."""
+        ready: list[AttemptRef] = []
+        refused: set[int] = set()
         for i, m in enumerate(batch):
             try:
                 ready += self.land([m])
             except (psycopg.DataError, psycopg.IntegrityError) as e:  # bad values, missing ones: this message
+                if isinstance(m.msg, AttemptResult) and m.rows:
+                    log.error("ledger rows of %s refused by the database (%s); its result lands without them,"
+                              " they go back to the queue on their own", m.msg.ref.slug, e)
+                    aws.send(self.res.results_queue_url, orjson.dumps(
+                        {"msg": {"kind": "ledger", "ref": m.msg.ref.model_dump(), "rows": m.rows}}).decode())
+                    ready += self.land([Incoming(m.msg)])
+                    continue
                 log.error("results message refused by the database, left for the dead-letter queue: %s", e)
-                refused.append(i)
+                refused.add(i)
         return ready, refused
 
     @staticmethod
@@ -340,7 +350,7 @@ class ResultsWriter:
             ready = self.land(batch)
         except (psycopg.DataError, psycopg.IntegrityError):
             ready, refused = self.land_each(batch)
-            keep = [m for i, m in enumerate(keep) if i not in set(refused)]
+            keep = [m for i, m in enumerate(keep) if i not in refused]
         t = self._clock("land", t)
         self.recover_ledgers([m.msg.ref for m in batch if isinstance(m.msg, AttemptResult)
                               and m.msg.outcome is HarnessOutcome.INFRA_ERROR and m.msg.ledger_calls == 0])

@@ -171,3 +171,22 @@ def test_an_infra_error_recovers_the_ledger_rows_of_the_tasks_s3_copy(run, pg):
     assert [r[0] for r in got.fetchall()] == [1, 2, 3]
     assert pg.execute("SELECT outcome FROM attempts WHERE run=%s AND instance_id=%s",
                       (res.run, ref.instance_id)).fetchone() == ("infra_error",)
+
+
+def test_a_result_whose_rows_are_refused_still_lands_its_attempt(run, pg):
+    """Every attempt lands a row: a result carrying a row the database refuses lands without it, and the rows go
+    back to the queue as a batch of their own (refused again there, on their way to the dead-letter queue)."""
+    res, writer = run
+    ref = AttemptRef(run=res.run, instance_id="a__b-8", attempt=1)
+    rows = [r.model_dump(mode="json") for r in calls(ref, 2)]
+    rows[0]["output_tokens"] = "lots"
+    body = json.loads(Envelope(msg=result(ref, 0)).model_dump_json())
+    body["msg"]["ledger"] = rows
+    aws.send(res.results_queue_url, json.dumps(body))
+    drain(writer)
+    assert pg.execute("SELECT status FROM attempts WHERE run=%s AND instance_id=%s",
+                      (res.run, ref.instance_id)).fetchone() == ("EMPTY_PATCH",)
+    assert pg.execute("SELECT count(*) FROM calls WHERE run=%s", (res.run,)).fetchone()[0] == 0
+    left = aws.client("sqs").get_queue_attributes(QueueUrl=res.results_queue_url, AttributeNames=[
+        "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
+    assert int(left["ApproximateNumberOfMessages"]) + int(left["ApproximateNumberOfMessagesNotVisible"]) == 1
