@@ -45,16 +45,14 @@ from dispatcher.resources import RunResources
 log = logging.getLogger("evalplane.writer")
 
 _CALL_COLUMNS = tuple(CallRecord.model_fields)  # the calls table's columns, in the model's words
-# Fields a producer may leave out take the model's defaults (the base record of jsonb_populate_recordset).
+# Fields a producer may leave out take the model's defaults (see _copy_values).
 _CALL_DEFAULTS = {name: f.default for name, f in CallRecord.model_fields.items()
                   if f.default is not PydanticUndefined and f.default_factory is None}
 _COPY_CALLS = f"COPY calls ({', '.join(_CALL_COLUMNS)}) FROM STDIN"
 _COPY_STAGE = f"COPY calls_stage ({', '.join(_CALL_COLUMNS)}) FROM STDIN"
-_JSON_COLUMNS = frozenset(name for name, f in CallRecord.model_fields.items() if "dict" in str(f.annotation))
-
-
 _row_values = operator.itemgetter(*_CALL_COLUMNS)
-_JSON_AT = tuple(i for i, c in enumerate(_CALL_COLUMNS) if c in _JSON_COLUMNS)
+# positions of the JSON-object columns (raw_usage), which COPY needs wrapped as jsonb
+_JSON_AT = tuple(i for i, f in enumerate(CallRecord.model_fields.values()) if "dict" in str(f.annotation))
 
 
 def _copy_values(row: dict[str, Any]) -> list[Any]:
@@ -71,7 +69,7 @@ def _copy_values(row: dict[str, Any]) -> list[Any]:
 
 
 class Undeliverable(ValueError):
-    """A message that cannot be landed (unreadable, or refused by the database on its own)."""
+    """A results message that cannot be read (left on the queue for its dead-letter queue)."""
 
 
 @dataclass(slots=True)
