@@ -17,12 +17,13 @@ from shim.kv import Script, as_kv
 
 KEY_TTL_S = 14 * 24 * 3600
 
-# ep_hold(...) -> 0 if held, else which cap refused it (1 attempt, 2 run); `now` in integer ms.
+# ep_hold(...) -> 0 if held, else which cap refused it (1 attempt, 2 run); `now` in integer ms; `rroom` (or nil):
+# the run's total (spent + held) this hold must stay within, below the cap (a ticket: shim/gate.py).
 # KEYS of the caller: attempt hash, its :exp zset, run hash, its :exp zset.
 # Expired holds (calls that never settled) are swept only when they could matter: before a hold is refused.
 # The hashes get their TTL when created here and have it refreshed by every settle (off the call's path).
 HOLD_FN = """
-local function ep_hold(ka, kae, kr, kre, id, est, acap, rcap, ttl_ms, key_ttl, now)
+local function ep_hold(ka, kae, kr, kre, id, est, acap, rcap, ttl_ms, key_ttl, now, rroom)
   local function sweep(h, z)
     local expired = redis.call('ZRANGEBYSCORE', z, '-inf', now)
     for _, eid in ipairs(expired) do
@@ -37,15 +38,17 @@ local function ep_hold(ka, kae, kr, kre, id, est, acap, rcap, ttl_ms, key_ttl, n
   local function fits(x, cap)
     return cap < 0 or tonumber(x[1] or '0') + tonumber(x[2] or '0') + est <= cap
   end
+  local rlim = rcap
+  if rroom and rcap >= 0 and rroom < rcap then rlim = rroom end
   local a = redis.call('HMGET', ka, 'spent', 'held', 'cap')
   local r = redis.call('HMGET', kr, 'spent', 'held', 'cap')
-  if not (fits(a, acap) and fits(r, rcap)) then
+  if not (fits(a, acap) and fits(r, rlim)) then
     sweep(ka, kae)
     sweep(kr, kre)
     a = redis.call('HMGET', ka, 'spent', 'held', 'cap')
     r = redis.call('HMGET', kr, 'spent', 'held', 'cap')
     if not fits(a, acap) then return 1 end
-    if not fits(r, rcap) then return 2 end
+    if not fits(r, rlim) then return 2 end
   end
   local deadline = now + ttl_ms
   local hs, zs, xs, caps = {ka, kr}, {kae, kre}, {a, r}, {acap, rcap}
@@ -71,7 +74,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """ + HOLD_FN + """
 local which = ep_hold(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]),
-                      tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], now)
+                      tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], now, nil)
 if which == 0 then return {1, 0} end
 return {0, which}
 """

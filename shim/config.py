@@ -78,6 +78,11 @@ _FIELDS: dict[str, tuple[Any, Any, tuple[str, float] | None]] = {
     "sock_read_timeout_s": ("float", 120.0, None),
     "heartbeat_s": ("float", 30.0, ("gt", 0)),  # progress-key refresh while idle
     "hold_ttl_s": ("float", 1800.0, ("gt", 0)),  # a budget hold not settled by then is released
+    # tickets (shim/gate.py): each call's settle takes the hold and pool booking of the next call ahead, so
+    # that call asks Valkey nothing; an unused ticket is given back after ticket_ttl_s (0: no tickets)
+    "ticket_ttl_s": ("float", 15.0, ("ge", 0)),
+    # tickets only while the run's spent + held stays within this share of the run cap
+    "ticket_room": ("float", 0.8, ("share", None)),
     "shutdown_timeout_s": ("float", 5.0, None),  # grace for in-flight calls on SIGTERM
     "sqs_flush_timeout_s": ("float", 30.0, None),  # how long shutdown keeps retrying SQS sends
     # false: at exit, rows not yet sent stay for the task, which sends them inside the attempt's result (one
@@ -202,6 +207,8 @@ class ShimConfig:
     sock_read_timeout_s: float
     heartbeat_s: float
     hold_ttl_s: float
+    ticket_ttl_s: float
+    ticket_room: float
     shutdown_timeout_s: float
     sqs_flush_timeout_s: float
     flush_on_exit: bool
@@ -225,6 +232,8 @@ class ShimConfig:
                     raise ConfigError(f"{name}: must be >= {b}")
                 if op == "gt" and not value > b:
                     raise ConfigError(f"{name}: must be > {b}")
+                if op == "share" and not 0 < value <= 1:
+                    raise ConfigError(f"{name}: must be > 0 and <= 1")
                 if op == "minlen" and len(value) < b:
                     raise ConfigError(f"{name}: must have at least {b} characters")
             object.__setattr__(self, name, value)

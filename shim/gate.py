@@ -1,32 +1,59 @@
-"""The one Valkey round trip before a call is forwarded: the budget hold and the pacer admission of its first
-upstream attempt, in one Lua script (both still atomic, and together).
+"""The Valkey round trip before a call is forwarded (the budget hold and the pacer admission of its first
+upstream attempt, in one Lua script), and tickets: that round trip taken ahead, for the next call.
 
 HOLD+ADMIT  KEYS = [attempt, attempt:exp, run, run:exp, pacer, limits] (caps.py's four, then pacer.py's two)
-            ARGV = HOLD's six, then ADMIT's five
+            ARGV = HOLD's six, then ADMIT's five, then the run room (optional, see tickets)
   -> {held, which, admitted, wait_ms}
   If the hold does not fit: {0, which cap, 0, 0}, and nothing is booked with the pacer (a refused call takes
   no pool capacity). Else the hold is taken and ADMIT runs as alone: {1, 0, 1, wait} booked (sleep `wait`
   once), or {1, 0, 0, wait} when too far ahead to book (ValkeyPacer.admitted sleeps and asks ADMIT again).
 
+Tickets. A round trip to Valkey costs a call 0.2-0.4 ms on an idle machine (more than the rest of the shim's
+work). So when a call ends, the same background pipeline that settles it also runs HOLD+ADMIT for a call
+that has not come yet: a ticket. The next call that the ticket covers (its worst-case cost at most the
+ticket's hold) goes without asking Valkey: its hold is already taken, its pool booking made (it sleeps until
+the booked slot if it comes early); a call the ticket does not cover gives it back and asks as before, in the
+same round trip. Every call is still held and admitted before it is forwarded; what changes:
+  - a ticket's hold is a little larger than the next call's (the prompt grows each turn): it is held only
+    while the run's spent + held stays within `ticket_room` of the run cap, so near the run cap tickets stop
+    and holds are exactly as without them (tickets never make a call be refused);
+  - its pool booking is made up to `ticket_ttl_s` before the call; the settle after the call reconciles the
+    estimate with the actual usage as before;
+  - a ticket not used within `ticket_ttl_s` (the harness is busy, or finished) is given back: hold released,
+    booking (request and tokens) refunded; also at shutdown. A task killed outright leaks it as it would
+    leak an in-flight call's: the hold expires (hold_ttl_s), the booking decays.
+A shim keeps at most as many tickets as it has calls in flight, so a harness making one call at a time holds
+one ticket at most.
+
 The run's keys ({run} hash tag) and the pool's ({pool}) are on one node: the deployed Valkey is a replication
 group (one primary, cluster mode off). A cluster would need the two scripts pipelined instead.
 
 Without a Valkey budget and pacer (local caps, or a pacer injected by a test), the hold and the admission are
-made one after the other, as before.
+made one after the other, as before, and there are no tickets.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from typing import NamedTuple
+
 from shim.caps import HOLD_FN, Budget, ValkeyBudget
 from shim.kv import Script
 from shim.pacer import ADMIT_FN, Pacer, PaceRequest, ValkeyPacer
+
+log = logging.getLogger("shim.gate")
 
 HOLD_ADMIT_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 """ + HOLD_FN + ADMIT_FN + """
 local which = ep_hold(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]),
-                      tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], math.floor(now))
+                      tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], math.floor(now), tonumber(ARGV[12]))
 if which ~= 0 then return {0, which, 0, 0} end
 local a = ep_admit(KEYS[5], KEYS[6], tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]),
                    tonumber(ARGV[11]), now)
@@ -35,27 +62,150 @@ return {1, 0, a[1], a[2]}
 HOLD_ADMIT_SCRIPT = Script(HOLD_ADMIT_LUA)
 
 
+class Gated(NamedTuple):
+    """What the gate decided for one call. which = 0 if held (under `hold_id`), else the cap that refused it
+    (then nothing else happened). When held and `answered`, (ok, wait_ms) is the ADMIT answer for the first
+    attempt, booked as `pace`, to act on with ValkeyPacer.admitted; when not `answered`, the caller admits the
+    attempt itself (pacer.admit)."""
+
+    which: int
+    ok: bool
+    wait_ms: float
+    answered: bool
+    hold_id: str
+    pace: PaceRequest
+
+
+@dataclass(slots=True)
+class Ticket:
+    hold_id: str
+    est_micro: int
+    pace: PaceRequest
+    booked: bool  # the pool booking was made (else: too far ahead; the call admits itself)
+    start_at: float  # monotonic: the booked slot
+    expires_at: float  # monotonic
+
+
 class Gate:
-    def __init__(self, budget: Budget, pacer: Pacer):
+    def __init__(self, budget: Budget, pacer: Pacer, ticket_ttl_s: float = 0.0, ticket_room: float = 0.8):
         self.budget = budget
         self.pacer = pacer
         self.combined = (isinstance(budget, ValkeyBudget) and isinstance(pacer, ValkeyPacer)
                          and budget.kv is pacer.kv)
+        self.ticket_ttl_s = ticket_ttl_s if self.combined else 0.0
+        self.tickets: deque[asyncio.Future] = deque()  # each resolves to a Ticket, or None (not taken)
+        self.stats = {"taken": 0, "used": 0, "returned": 0}
         if self.combined:
             self.kv = budget.kv
             self.script = self.kv.register(HOLD_ADMIT_SCRIPT)
             self.keys = [*budget.keys, *pacer.keys]
+            rcap = budget.rcap
+            self.run_room = -1 if rcap < 0 else int(rcap * ticket_room)
 
-    async def hold(self, call_id: str, est_micro: int, pace: PaceRequest) -> tuple[int, bool, float, bool]:
-        """Hold the call's worst case, then admit its first attempt.
+    def _hold_admit(self, call_id: str, est_micro: int, pace: PaceRequest, room: int | None = None) -> tuple:
+        args = [*self.budget.hold_args(call_id, est_micro), *self.pacer.admit_args(pace)]
+        if room is not None:
+            args.append(room)
+        return self.script.cmd(self.keys, args)
 
-        Returns (which, ok, wait_ms, answered): which = 0 if held, else the cap that refused it (then nothing
-        else happened). When held and `answered`, (ok, wait_ms) is the ADMIT answer to act on with
-        ValkeyPacer.admitted; when not `answered`, the caller admits the attempt itself (pacer.admit)."""
+    async def hold(self, call_id: str, est_micro: int, pace: PaceRequest) -> Gated:
+        """Hold the call's worst case, then admit its first attempt: with a ticket that covers it (no round
+        trip), else with HOLD+ADMIT (giving back, in the same round trip, a ticket that does not cover it)."""
         if not self.combined:
-            return await self.budget.hold(call_id, est_micro), False, 0.0, False
-        held, which, ok, wait_ms = await self.kv.script(
-            self.script, self.keys, [*self.budget.hold_args(call_id, est_micro), *self.pacer.admit_args(pace)])
+            which = await self.budget.hold(call_id, est_micro)
+            return Gated(which, False, 0.0, False, call_id, pace)
+        give_back: list[tuple] = []
+        while self.tickets:
+            fut = self.tickets.popleft()
+            if not fut.done():
+                self.kv.kick()  # the ticket's request may still wait for its write: send it now
+                try:
+                    await asyncio.shield(fut)
+                except Exception:  # noqa: BLE001 - an unknown ticket is simply not used
+                    continue
+            t: Ticket | None = fut.result()
+            if t is None:
+                continue
+            now = time.monotonic()
+            if now < t.expires_at and est_micro <= t.est_micro:
+                self.stats["used"] += 1
+                if not t.booked:
+                    return Gated(0, False, 0.0, False, t.hold_id, t.pace)
+                return Gated(0, True, max(0.0, (t.start_at - now) * 1000), True, t.hold_id, t.pace)
+            give_back += self._give_back_cmds(t)
+            break  # one ticket per call: the others stay for the calls beside it
+        cmds = [*give_back, self._hold_admit(call_id, est_micro, pace)]
+        replies = await self.kv.pipeline(cmds)
+        for r in replies[:-1]:
+            if isinstance(r, Exception):
+                log.warning("giving a ticket back failed: %s", r)
+        if isinstance(replies[-1], Exception):
+            raise replies[-1]
+        held, which, ok, wait_ms = replies[-1]
         if int(held) != 1:
-            return int(which), False, 0.0, False
-        return 0, int(ok) == 1, float(wait_ms), True
+            return Gated(int(which), False, 0.0, False, call_id, pace)
+        return Gated(0, int(ok) == 1, float(wait_ms), True, call_id, pace)
+
+    # ------------------------------------------------------------ tickets
+
+    def want_ticket(self, in_flight: int) -> bool:
+        """Whether a call ending now should take a ticket: at most one per call in flight (this one included)."""
+        return self.ticket_ttl_s > 0 and len(self.tickets) < in_flight
+
+    def ticket_cmd(self, est_micro: int, pace: PaceRequest) -> tuple[tuple, _Pending]:
+        """HOLD+ADMIT for a call not yet made (to send in the after-call pipeline), and the pending ticket to
+        resolve with ticket_taken() once the reply is in."""
+        p = _Pending(asyncio.get_running_loop().create_future(), "t-" + uuid.uuid4().hex, est_micro, pace)
+        self.tickets.append(p.fut)
+        return self._hold_admit(p.hold_id, est_micro, pace, self.run_room), p
+
+    def ticket_taken(self, p: _Pending, reply) -> None:
+        """The reply to a ticket's HOLD+ADMIT (an exception if it failed or never came)."""
+        if p.fut.done():
+            return
+        if isinstance(reply, BaseException):
+            log.warning("taking a ticket failed: %s", type(reply).__name__)
+            p.fut.set_result(None)  # if the hold was taken after all, it expires (hold_ttl_s)
+            return
+        held, _, ok, wait_ms = reply
+        if int(held) != 1:
+            p.fut.set_result(None)
+            return
+        now = time.monotonic()
+        self.stats["taken"] += 1
+        p.fut.set_result(Ticket(p.hold_id, p.est_micro, p.pace, int(ok) == 1, now + float(wait_ms) / 1000,
+                                now + self.ticket_ttl_s))
+
+    def _give_back_cmds(self, t: Ticket) -> list[tuple]:
+        self.stats["returned"] += 1
+        cmds = [self.budget.settle_cmd(t.hold_id, 0)]
+        if t.booked:
+            cmds.append(self.pacer.cancel_cmd(t.pace))
+        return cmds
+
+    def expired_cmds(self, everything: bool = False) -> list[tuple]:
+        """Give back tickets past their time (all of them: `everything`, at shutdown): their commands."""
+        now = time.monotonic()
+        cmds: list[tuple] = []
+        keep: deque[asyncio.Future] = deque()
+        for fut in self.tickets:
+            if not fut.done():
+                keep.append(fut)
+                continue
+            t = fut.result()
+            if t is None:
+                continue
+            if everything or now >= t.expires_at:
+                cmds += self._give_back_cmds(t)
+            else:
+                keep.append(fut)
+        self.tickets = keep
+        return cmds
+
+
+@dataclass(slots=True)
+class _Pending:
+    fut: asyncio.Future
+    hold_id: str
+    est_micro: int
+    pace: PaceRequest

@@ -215,6 +215,12 @@ class KV:
                 delay = min(delay * 2, 1.0)
         raise AssertionError("unreachable")
 
+    def kick(self) -> None:
+        """Send deferred commands now (someone waits for their replies)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._kick()
+
     def _kick(self) -> None:
         self._timer = None
         if self._queue:
@@ -323,6 +329,9 @@ class RedisPyKV:
                 except Exception as e:  # noqa: BLE001 - returned in its slot, as pipeline errors are
                     replies[i] = e
         return replies
+
+    def kick(self) -> None:
+        """Nothing is deferred here."""
 
     async def aclose(self) -> None:
         await self.client.aclose()

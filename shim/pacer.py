@@ -19,7 +19,8 @@ ADMIT  KEYS = [pacer, limits]; ARGV = [burst_ms, max_wait_ms, cost_rpm, cost_itp
   s = max(now, until, max_i s_i); wait = s - now. If wait > max_wait_ms: returns {0, wait} and books
   nothing. Else books tat_i = max(tat_i, s) + cost_i*T_i for every limited dimension and returns {1, wait}:
   the caller sleeps `wait` ms once and goes; its capacity is already reserved.
-SETTLE KEYS = [pacer, limits]; ARGV = [delta_itpm, delta_otpm] (actual - reserved, units)
+SETTLE KEYS = [pacer, limits]; ARGV = [delta_itpm, delta_otpm, delta_rpm (optional; -1 cancels a booking
+  that was never used)] (actual - reserved, units)
   Refund (delta < 0): tat = max(tat + delta*T, now), so a refund never makes a bucket fuller than full.
   Charge (delta > 0): tat = max(tat, now) + delta*T.
 THROTTLE KEYS = [pacer, limits, discovered]; ARGV = [retry_after_ms, burst_ms, dimension or '', field]
@@ -98,13 +99,13 @@ return ep_admit(KEYS[1], KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber
 SETTLE_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-local lim = redis.call('HMGET', KEYS[2], 'itpm', 'otpm')
-local st = redis.call('HMGET', KEYS[1], 'itpm', 'otpm')
-local fields = {'itpm', 'otpm'}
+local lim = redis.call('HMGET', KEYS[2], 'itpm', 'otpm', 'rpm')
+local st = redis.call('HMGET', KEYS[1], 'itpm', 'otpm', 'rpm')
+local fields = {'itpm', 'otpm', 'rpm'}
 local hi = 0
-for i = 1, 2 do
+for i = 1, 3 do
   local l = tonumber(lim[i])
-  local d = tonumber(ARGV[i])
+  local d = tonumber(ARGV[i] or '0')
   if l and l > 0 and d ~= 0 then
     local per = 60000 / l
     local tat = tonumber(st[i]) or now
@@ -230,6 +231,10 @@ class ValkeyPacer:
         d_in = 0 if actual_input is None else actual_input - req.est_input_tokens
         d_out = 0 if actual_output is None else actual_output - req.max_output_tokens
         return [d_in, d_out] if d_in or d_out else None
+
+    def cancel_cmd(self, req: PaceRequest) -> tuple:
+        """Give a booking that was never used back to the pool: its request and both token estimates."""
+        return self._settle.cmd(self.keys, [-req.est_input_tokens, -req.max_output_tokens, -1])
 
     def settle_cmd(self, req: PaceRequest, actual_input: int | None, actual_output: int | None) -> tuple | None:
         args = self.settle_args(req, actual_input, actual_output)

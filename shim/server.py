@@ -151,6 +151,7 @@ class Shim:
         self._routes.update({path[3:]: kind for kind, path in ROUTES.items()})  # base URL without /v1
         self._bg: set[asyncio.Task] = set()
         self._heartbeat: asyncio.Task | None = None
+        self._published_at: float | None = None
         self.ready = False
 
     # ------------------------------------------------------------ lifecycle
@@ -201,7 +202,7 @@ class Shim:
                                          max_retry_after_s=cfg.max_retry_after_s)
         else:
             self.budget = LocalBudget(cfg.limits.cost_usd, cfg.run_cost_usd, cfg.hold_ttl_s)
-        self.gate = Gate(self.budget, self.pacer)
+        self.gate = Gate(self.budget, self.pacer, cfg.ticket_ttl_s, cfg.ticket_room)
         self.progress = Progress(self.redis, cfg.ref, cfg.pool)
         self.http = Upstream(self.upstream, cfg.connect_timeout_s, cfg.sock_read_timeout_s)
         self.ledger.start()
@@ -232,6 +233,7 @@ class Shim:
             self._heartbeat.cancel()
         if self._bg:
             await asyncio.gather(*self._bg, return_exceptions=True)
+        await self._give_back(everything=True)
         sent_all = await self.ledger.close(self.cfg.sqs_flush_timeout_s, send=self.cfg.flush_on_exit)
         if self.progress is not None:
             await self.progress.publish(self._progress_fields())
@@ -251,8 +253,23 @@ class Shim:
 
     async def _beat(self) -> None:
         while True:
-            await asyncio.sleep(self.cfg.heartbeat_s)
-            await self.progress.publish(self._progress_fields())
+            await asyncio.sleep(min(self.cfg.heartbeat_s, self.cfg.ticket_ttl_s or self.cfg.heartbeat_s))
+            await self._give_back()
+            if time.time() - (self._published_at or 0.0) >= self.cfg.heartbeat_s * 0.9:
+                await self.progress.publish(self._progress_fields())
+                self._published_at = time.time()
+
+    async def _give_back(self, everything: bool = False) -> None:
+        """Give back tickets that were not used in time (at shutdown, all of them)."""
+        cmds = self.gate.expired_cmds(everything) if self.gate is not None else []
+        if not cmds:
+            return
+        try:
+            for res in await self.redis.pipeline(cmds):
+                if isinstance(res, Exception):
+                    log.warning("giving a ticket back failed: %s", res)
+        except Exception as e:  # noqa: BLE001 - the hold expires, the booking decays
+            log.warning("giving tickets back failed: %s", type(e).__name__)
 
     # ------------------------------------------------------------ status
 
@@ -268,6 +285,8 @@ class Shim:
             "in_flight": self.in_flight,
             # rows a results queue did not accept (yet): at exit, the task sends them with its result
             "unsent_seqs": list(self.ledger.pending_seqs),
+            # calls that went on a ticket (no Valkey round trip), tickets taken and given back (shim/gate.py)
+            "tickets": dict(self.gate.stats) if self.gate is not None else {},
         }
 
     def _progress_fields(self) -> dict[str, Any]:
@@ -362,6 +381,7 @@ class Shim:
     async def _after(self, call: Call, fields: dict[str, Any]) -> None:
         """Settle the last attempt's pacer booking and the budget hold, publish progress: one pipeline (an
         EVALSHA answered NOSCRIPT after a failover is run again with EVAL by the client)."""
+        ticket = None
         try:
             cmds: list[tuple] = []
             if call.final_pace is not None:
@@ -381,7 +401,25 @@ class Shim:
                     await self.budget.settle(call.hold_id, amount)
             if self.redis is not None:
                 cmds += self.progress.cmds(fields)
-                for res in await self.redis.pipeline(cmds, defer=True):
+                self._published_at = time.time()
+                cmds += self.gate.expired_cmds()
+                n = len(cmds)
+                if (call.hold_id is not None and self.stopped is None and self.ready
+                        and self.gate.want_ticket(self.in_flight)):
+                    # the next prompt is this one and a turn longer: its hold is sized for half as much again
+                    # and 16 KiB more; its pool booking is this call's estimate (the settle reconciles it)
+                    est, _ = self._estimate(call.payload_bytes * 3 // 2 + 16384, call.max_out)
+                    cmd, ticket = self.gate.ticket_cmd(est, self._pace_request(call.payload_bytes, call.max_out))
+                    cmds.append(cmd)
+                try:
+                    replies = await self.redis.pipeline(cmds, defer=True)
+                except BaseException as e:
+                    if ticket is not None:
+                        self.gate.ticket_taken(ticket, e)
+                    raise
+                if ticket is not None:
+                    self.gate.ticket_taken(ticket, replies[n])
+                for res in replies[:n]:
                     if isinstance(res, Exception):
                         log.error("settle/progress after call failed: %s", res)
         except Exception as e:  # noqa: BLE001 - holds and bookings expire by themselves; the ledger is the record
@@ -432,20 +470,13 @@ class Shim:
         if max_turns is not None and self.turns >= max_turns:
             return self._refuse(call, "max_turns_exceeded")
         self.turns += 1
-        est_in = (len(payload) + 2) // 3  # generous: JSON overhead, ~3 bytes per token at worst
         max_out = body.get("max_tokens") or body.get("max_completion_tokens")
         if not isinstance(max_out, int) or max_out <= 0:
             max_out = min((self.price.max_output_tokens if self.price else None) or DEFAULT_MAX_OUTPUT,
                           DEFAULT_MAX_OUTPUT)
-        if self.price:
-            rates = self.price.rates(est_in)  # the tier the prompt may reach, at worst
-            est = micro(est_in * rates.input + max_out * rates.output)
-        else:
-            est = 0
-        hold_id = str(call.call_id)
-        pace = self._pace_request(len(payload), max_out)
+        est, pace = self._estimate(len(payload), max_out)
         try:
-            which, ok, wait_ms, answered = await self.gate.hold(hold_id, est, pace)
+            which, ok, wait_ms, answered, hold_id, pace = await self.gate.hold(str(call.call_id), est, pace)
         except Exception as e:  # noqa: BLE001 - any store failure is answered the same way
             self.turns -= 1
             log.error("budget hold failed: %s", type(e).__name__)
@@ -459,6 +490,16 @@ class Shim:
         call.hold_id = hold_id  # settled in _after, whatever happens from here on
         first = (ok, wait_ms) if answered else None
         return await self._forward(request, call, payload, pace, first)
+
+    def _estimate(self, nbytes: int, max_out: int) -> tuple[int, PaceRequest]:
+        """A call's worst-case cost (micro-dollars) for its budget hold, and what it books with the pool."""
+        est_in = (nbytes + 2) // 3  # generous: JSON overhead, ~3 bytes per token at worst
+        if self.price:
+            rates = self.price.rates(est_in)  # the tier the prompt may reach, at worst
+            est = micro(est_in * rates.input + max_out * rates.output)
+        else:
+            est = 0
+        return est, self._pace_request(nbytes, max_out)
 
     def _pace_request(self, nbytes: int, max_out: int) -> PaceRequest:
         """What the pool is charged up front. The prompt estimate is ~4 bytes a token (settled later anyway).

@@ -1,0 +1,113 @@
+"""Tickets (shim/gate.py): a call's settle takes the next call's hold and pool booking ahead, so that call asks
+Valkey nothing. Every call is still held and booked before it goes; nothing a ticket takes outlives it."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+from shimtest import LOCAL_TOKEN
+
+from contract import keys
+from contract.models import AttemptRef
+
+BODY = {"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "go"}]}
+
+
+def _budget(valkey, key: str) -> dict[str, int]:
+    h = valkey.hgetall(key)
+    return {k.decode(): int(v) for k, v in h.items() if k in (b"spent", b"held")} | {
+        "holds": sum(k.startswith(b"hold:") for k in h)}
+
+
+def _post(s, body=BODY) -> httpx.Response:
+    return httpx.post(f"{s.base}/v1/messages", headers={"x-api-key": LOCAL_TOKEN}, json=body, timeout=30)
+
+
+def test_calls_after_the_first_go_on_tickets_and_nothing_is_left_held(sim, shim, valkey, unique):
+    s = shim(sim(), limits={"cost_usd": 5.0}, run_cost_usd=50.0)
+    for _ in range(5):
+        assert _post(s).status_code == 200
+    time.sleep(0.2)  # the last settle (and its ticket) is in the background
+    st = s.status()
+    assert st["tickets"]["used"] == 4 and st["tickets"]["taken"] == 5
+    ref = AttemptRef(run=unique, instance_id="repo__repo-1", attempt=1)
+    live = _budget(valkey, keys.attempt_budget(ref))
+    assert live["holds"] == 1 and live["held"] > 0  # the sixth call's ticket, waiting
+    assert s.stop() == 0
+    spent = sum(r["cost_usd"] for r in s.rows())
+    for key in (keys.attempt_budget(ref), keys.run_budget(unique)):
+        b = _budget(valkey, key)
+        assert b["held"] == 0 and b["holds"] == 0  # the unused ticket was given back at shutdown
+        assert abs(b["spent"] - spent * 1e6) <= 5  # micro-dollars, each call rounded up
+    assert json.loads((s.dir / "status.json").read_text())["tickets"]["returned"] == 1  # written at exit
+
+
+def test_a_ticket_books_the_pool_ahead_and_an_unused_one_is_refunded(sim, shim, valkey, unique):
+    """rpm 60 with a 1 s burst: one call a second. The second call, on its ticket, still waits its turn;
+    the shim's unused ticket is refunded, so the pool is booked for exactly the calls that were made."""
+    pool = f"{unique}-pool"
+    valkey.hset(keys.pool_limits(pool), mapping={"rpm": 60})
+    s = shim(sim(), pacer_burst_s=1.0)
+    t0 = time.monotonic()
+    for _ in range(3):
+        assert _post(s).status_code == 200
+    elapsed = time.monotonic() - t0
+    time.sleep(0.2)
+    assert s.status()["tickets"]["used"] == 2
+    waits = [r["pacer_wait_ms"] for r in s.rows()]
+    assert waits[0] < 100 and all(800 <= w <= 1100 for w in waits[1:]) and elapsed >= 1.8
+    tat_before = float(valkey.hget(keys.pool_pacer(pool), "rpm"))  # three calls and the waiting ticket
+    assert s.stop() == 0
+    tat_after = float(valkey.hget(keys.pool_pacer(pool), "rpm"))
+    assert 990 <= tat_before - tat_after <= 1010  # the ticket's request (1 s at rpm 60) given back
+
+
+def test_a_ticket_that_does_not_cover_the_call_is_given_back_in_the_same_round_trip(sim, shim, valkey, unique):
+    s = shim(sim(), limits={"cost_usd": 5.0})
+    assert _post(s).status_code == 200
+    big = {**BODY, "messages": [{"role": "user", "content": "x " * 60_000}]}  # far past the ticket's size
+    assert _post(s, big).status_code == 200
+    assert _post(s).status_code == 200
+    time.sleep(0.2)
+    st = s.status()
+    assert st["tickets"] == {"taken": 3, "used": 1, "returned": 1}  # the big call held anew
+    assert s.stop() == 0
+    ref = AttemptRef(run=unique, instance_id="repo__repo-1", attempt=1)
+    b = _budget(valkey, keys.attempt_budget(ref))
+    assert b["held"] == 0 and b["holds"] == 0
+    assert abs(b["spent"] - sum(r["cost_usd"] for r in s.rows()) * 1e6) <= 5
+
+
+def test_an_unused_ticket_is_given_back_after_its_time(sim, shim, valkey, unique):
+    s = shim(sim(), limits={"cost_usd": 5.0}, ticket_ttl_s=0.3)
+    assert _post(s).status_code == 200
+    ref = AttemptRef(run=unique, instance_id="repo__repo-1", attempt=1)
+    time.sleep(0.1)
+    assert _budget(valkey, keys.attempt_budget(ref))["holds"] == 1
+    time.sleep(1.0)  # past ticket_ttl_s: the shim's timer gives it back, without another call
+    b = _budget(valkey, keys.attempt_budget(ref))
+    assert b["held"] == 0 and b["holds"] == 0
+    assert _post(s).status_code == 200  # and the next call holds anew
+    time.sleep(0.2)
+    assert s.status()["tickets"] == {"taken": 2, "used": 0, "returned": 1}
+
+
+def test_no_tickets_near_the_run_cap(sim, shim, valkey, unique):
+    """Tickets stop once the run's spent + held would pass ticket_room of its cap: calls there hold exactly
+    their own worst case, as without tickets (a ticket never makes another attempt's call be refused)."""
+    s = shim(sim(), run_cost_usd=0.05, ticket_room=0.1)  # a call holds ~0.75 mUSD; its ticket ~5 mUSD
+    for _ in range(3):
+        assert _post(s).status_code == 200
+    time.sleep(0.2)
+    assert s.status()["tickets"]["taken"] == 0 and s.status()["tickets"]["used"] == 0
+    assert s.stop() == 0
+
+
+def test_tickets_off(sim, shim, valkey, unique):
+    s = shim(sim(), ticket_ttl_s=0)
+    for _ in range(3):
+        assert _post(s).status_code == 200
+    time.sleep(0.2)
+    assert s.status()["tickets"] == {"taken": 0, "used": 0, "returned": 0}
