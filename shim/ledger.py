@@ -45,23 +45,23 @@ _sqs_lock = threading.Lock()
 
 
 def _sqs_client():
-    """The SQS client (contract.aws.bare_client: botocore alone, the project's settings), made once, in a thread,
-    only when a results queue is configured."""
+    """The SQS sender (shim.sqs: stdlib only, no botocore), made once, only when a results queue is configured."""
     global _sqs
     with _sqs_lock:  # the warm-up thread and the first send may race
         if _sqs is None:
-            from contract import aws
+            from shim.sqs import SQSSender
 
-            _sqs = aws.bare_client("sqs")
+            _sqs = SQSSender()
     return _sqs
 
 
 def _default_sender(queue_url: str, body: str) -> None:
-    _sqs_client().send_message(QueueUrl=queue_url, MessageBody=body)
+    _sqs_client().send(queue_url, body)
 
 
 def _warm_default_sender() -> None:
-    _sqs_client()
+    """Make the sender and fetch its credentials (from the container endpoint on ECS) while the shim is idle."""
+    _sqs_client().credentials()
 
 
 class Ledger:
