@@ -29,6 +29,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlparse
 
 import aiohttp
 import redis
@@ -105,10 +106,31 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-async def one(session: aiohttp.ClientSession, url: str, headers: dict, stream: bool) -> tuple[float, float]:
+def long_body() -> dict:
+    """A prompt as a harness sends it some turns into a task: ~140 KB of conversation."""
+    turn = "some text with code `def f(x): return x` and its output lines\n" * 40
+    return {**BODY, "messages": [{"role": ("user", "assistant")[i % 2], "content": turn} for i in range(60)]}
+
+
+@contextmanager
+def relay_process(upstream: str):
+    """bench/tcp_relay.py in front of `upstream`: the floor for one more process on the path."""
+    u = urlparse(upstream)
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "tcp_relay.py"), u.hostname, str(u.port)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        yield f"http://127.0.0.1:{proc.stdout.readline().strip()}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def one(session: aiohttp.ClientSession, url: str, headers: dict, stream: bool,
+              body: dict | None = None) -> tuple[float, float, float]:
     """(time to first byte, time to last byte, time to the first content byte) in ms."""
+    data = json.dumps({**(body or BODY), "stream": stream}).encode()
     t0 = time.perf_counter()
-    async with session.post(url, json={**BODY, "stream": stream}, headers=headers) as r:
+    async with session.post(url, data=data, headers={**headers, "Content-Type": "application/json"}) as r:
         first = content = None
         async for chunk in r.content.iter_any():
             if first is None:
@@ -137,40 +159,46 @@ async def latency_lockstep(direct: str, via: str, conc: int, rounds: int) -> dic
     return out
 
 
-async def latency_closed(direct: str, via: str, conc: int, calls: int, seed: int = 1) -> dict:
-    """`conc` closed-loop callers through the shim and `conc` calling the simulator directly, all running at
-    the same time (so noise hits both); each caller starts at a random offset within one call's duration,
-    then makes `calls` calls back to back. conc=1: one direct and one shim caller, alternating calls."""
-    hd = {"x-api-key": KEY}
-    hs = {"x-api-key": TOKEN}
+async def latency_closed(direct: str, via: str, relay: str, conc: int, calls: int, seed: int = 1,
+                         body: dict | None = None, streams: tuple[bool, ...] = (False, True)) -> dict:
+    """`conc` closed-loop callers through the shim, `conc` through the bare relay and `conc` calling the
+    simulator directly, all running at the same time (so noise hits all three); each caller starts at a random
+    offset within one call's duration, then makes `calls` calls back to back. conc=1: one caller of each,
+    taking turns. `body`: the request (the shim's callers name a model alias, which the shim rewrites)."""
+    direct_body = body
+    shim_body = None if body is None else {**body, "model": "anthropic/" + body["model"]}
+    modes = (("direct", direct, {"x-api-key": KEY}, direct_body), ("relay", relay, {"x-api-key": KEY}, direct_body),
+             ("shim", via, {"x-api-key": TOKEN}, shim_body))
     rng = random.Random(seed)
-    out = {(m, s): [] for m in ("direct", "shim") for s in (False, True)}
+    out = {(m[0], s): [] for m in modes for s in streams}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        for stream in (False, True):
-            period = (await one(session, direct + "/v1/messages", hd, stream))[1] / 1000
-            # warm-up, not measured: `conc` calls at once each way, so that both sides have their connections
+        for stream in streams:
+            period = (await one(session, direct + "/v1/messages", modes[0][2], stream, body))[1] / 1000
+            # warm-up, not measured: `conc` calls at once each way, so that every path has its connections
             # (the harness's to the shim and the simulator, the shim's to the simulator) before measuring
-            await asyncio.gather(*(one(session, base + "/v1/messages", h, stream)
-                                   for base, h in ((direct, hd), (via, hs)) for _ in range(conc)))
+            await asyncio.gather(*(one(session, base + "/v1/messages", h, stream, b)
+                                   for _, base, h, b in modes for _ in range(conc)))
             if conc == 1:
                 for _ in range(calls):
-                    out[("direct", stream)].append(await one(session, direct + "/v1/messages", hd, stream))
-                    out[("shim", stream)].append(await one(session, via + "/v1/messages", hs, stream))
+                    for mode, base, h, b in modes:
+                        out[(mode, stream)].append(await one(session, base + "/v1/messages", h, stream, b))
                 continue
 
-            async def caller(mode: str, base: str, h: dict, offset: float, stream: bool = stream) -> None:
+            async def caller(mode: str, base: str, h: dict, b: dict | None, offset: float,
+                             stream: bool = stream) -> None:
                 await asyncio.sleep(offset)
                 for _ in range(calls):
-                    out[(mode, stream)].append(await one(session, base + "/v1/messages", h, stream))
+                    out[(mode, stream)].append(await one(session, base + "/v1/messages", h, stream, b))
 
-            await asyncio.gather(*(caller(mode, base, h, rng.uniform(0, period))
-                                   for _ in range(conc)
-                                   for mode, base, h in (("direct", direct, hd), ("shim", via, hs))))
+            await asyncio.gather(*(caller(mode, base, h, b, rng.uniform(0, period))
+                                   for _ in range(conc) for mode, base, h, b in modes))
     return out
 
 
-def report_latency(res: dict, conc: int, informational: bool = False) -> None:
+def report_latency(res: dict, conc: int, informational: bool = False, tag: str = "") -> None:
     for stream, label in ((False, "non-stream"), (True, "stream")):
+        if ("shim", stream) not in res:
+            continue
         # the shim holds a stream back until its first content event (so errors before it can be retried
         # unseen): its first byte is the direct stream's first content byte; both are shown, the target is
         # judged on first content, what the harness waits for
@@ -182,13 +210,17 @@ def report_latency(res: dict, conc: int, informational: bool = False) -> None:
             p99 = pct(s, 99) - pct(d, 99)
             print(f"    c={conc:<3} {label:10} {what:10}  direct p50 {pct(d, 50):7.1f} p99 {pct(d, 99):7.1f} | "
                   f"shim p50 {pct(s, 50):7.1f} p99 {pct(s, 99):7.1f} ms  (n={len(s)})")
+            if ("relay", stream) in res:
+                r = [x[idx] for x in res[("relay", stream)]]
+                print(f"    {'':16}{what:10}  floor, a bare TCP relay (bench/tcp_relay.py) on the same path: "
+                      f"p50 {pct(r, 50) - pct(d, 50):+.2f} ms, p99 {pct(r, 99) - pct(d, 99):+.2f} ms")
             if what == "first byte":
                 print(f"    (first byte: shim sends it with the first content event: +{p50:.1f} ms by design)")
                 continue
             if informational:
                 print(f"  info  lockstep burst c={conc} {label} {what}: p50 {p50:+.2f} ms, p99 {p99:+.2f} ms")
                 continue
-            verdict(f"added latency c={conc} {label} {what}", f"p50 {p50:+.2f} ms, p99 {p99:+.2f} ms",
+            verdict(f"added latency c={conc}{tag} {label} {what}", f"p50 {p50:+.2f} ms, p99 {p99:+.2f} ms",
                     p50 <= 0.5 and p99 <= 3.0)
 
 
@@ -251,15 +283,23 @@ def main() -> int:
     try:
         print("1. added latency (simulator: 300 ms to first token, 50 tokens/s)")
         paced = SimulatorConfig(api_key=KEY, ttft_ms=300, tokens_per_s=50, rpm=0, itpm=0, otpm=0)
-        with simulator_process(paced) as sim, shim_process(sim, args.valkey, run) as (via, proc, _):
+        with (simulator_process(paced) as sim, shim_process(sim, args.valkey, run) as (via, proc, _),
+              relay_process(sim) as relay):
             for conc, calls in ((1, 8 if args.quick else 25), (64, 2 if args.quick else 4)):
                 if conc == 1:
-                    print(f"   workload c=1: one caller direct, one via the shim, alternating, {calls} calls each")
+                    print(f"   workload c=1: one caller direct, one via the bare relay, one via the shim, taking "
+                          f"turns, {calls} calls each")
                 else:
-                    print(f"   workload c={conc}: {conc} closed-loop callers via the shim and {conc} direct, running "
-                          f"side by side, random start offsets within one call, {calls} calls each "
-                          f"(after a warm-up of {conc} calls at once each way)")
-                report_latency(asyncio.run(latency_closed(sim, via, conc, calls)), conc)
+                    print(f"   workload c={conc}: {conc} closed-loop callers via the shim, {conc} via the bare relay "
+                          f"and {conc} direct, running side by side, random start offsets within one call, {calls} "
+                          f"calls each (after a warm-up of {conc} calls at once each way)")
+                report_latency(asyncio.run(latency_closed(sim, via, relay, conc, calls)), conc)
+            calls = 8 if args.quick else 25
+            print(f"   workload c=1, long prompt: as c=1, with a {len(json.dumps(long_body())) // 1024} KB prompt "
+                  f"naming a model alias (the shim parses it, pins the model and serialises it again), "
+                  f"non-stream, {calls} calls each")
+            report_latency(asyncio.run(latency_closed(sim, via, relay, 1, calls, body=long_body(),
+                                                      streams=(False,))), 1, tag=" long prompt")
             print("   informational, not a target: c=64 lockstep bursts (64 calls in the same millisecond, "
                   "direct and shim waves alternating)")
             report_latency(asyncio.run(latency_lockstep(sim, via, 64, 1 if args.quick else 2)), 64, True)

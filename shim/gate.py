@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -152,10 +151,10 @@ class Gate:
         """Whether a call ending now should take a ticket: at most one per call in flight (this one included)."""
         return self.ticket_ttl_s > 0 and len(self.tickets) < in_flight
 
-    def ticket_cmd(self, est_micro: int, pace: PaceRequest) -> tuple[tuple, _Pending]:
+    def ticket_cmd(self, hold_id: str, est_micro: int, pace: PaceRequest) -> tuple[tuple, _Pending]:
         """HOLD+ADMIT for a call not yet made (to send in the after-call pipeline), and the pending ticket to
-        resolve with ticket_taken() once the reply is in."""
-        p = _Pending(asyncio.get_running_loop().create_future(), "t-" + uuid.uuid4().hex, est_micro, pace)
+        resolve with ticket_taken() once the reply is in. `hold_id`: unique within the attempt."""
+        p = _Pending(asyncio.get_running_loop().create_future(), hold_id, est_micro, pace)
         self.tickets.append(p.fut)
         return self._hold_admit(p.hold_id, est_micro, pace, self.run_room), p
 

@@ -640,7 +640,8 @@ class _ClientConn(asyncio.Protocol):
             fut.set_exception(TimeoutError("upstream read timed out"))
 
     def take(self) -> bytes:
-        data = self.body.popleft()
+        body = self.body
+        data = body.popleft() if len(body) == 1 else b"".join([body.popleft() for _ in range(len(body))])
         self.queued -= len(data)
         if self.reading_paused and self.queued < (1 << 19):
             self.reading_paused = False
@@ -659,6 +660,7 @@ class _Body:
         return self
 
     async def __anext__(self) -> bytes:
+        """What has arrived since the last call, in one piece (events that came together go on together)."""
         c = self.conn
         while True:
             if c.body:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
+
 from contract import pricing
 from shim.caps import ATTEMPT_CAP, Budget, LocalBudget, ValkeyBudget, micro
 from shim.config import ShimConfig
@@ -45,6 +47,14 @@ from shim.wire import (
 )
 
 log = logging.getLogger("shim")
+
+
+def _dumps(doc: Any) -> bytes:
+    try:
+        return orjson.dumps(doc)  # ~15x faster than json.dumps on a long prompt
+    except TypeError:  # an integer past 64 bits
+        return json.dumps(doc).encode()
+
 
 ROUTES = {CHAT: "/v1/chat/completions", MESSAGES: "/v1/messages"}
 DEFAULT_MAX_OUTPUT = 16384
@@ -409,7 +419,8 @@ class Shim:
                     # the next prompt is this one and a turn longer: its hold is sized for half as much again
                     # and 16 KiB more; its pool booking is this call's estimate (the settle reconciles it)
                     est, _ = self._estimate(call.payload_bytes * 3 // 2 + 16384, call.max_out)
-                    cmd, ticket = self.gate.ticket_cmd(est, self._pace_request(call.payload_bytes, call.max_out))
+                    cmd, ticket = self.gate.ticket_cmd(f"t-{call.call_id}", est,
+                                                       self._pace_request(call.payload_bytes, call.max_out))
                     cmds.append(cmd)
                 try:
                     replies = await self.redis.pipeline(cmds, defer=True)
@@ -440,10 +451,13 @@ class Shim:
                                      f"unreadable request body: {request.body_error}", "bad_request")
         raw = request.body
         try:
-            body = json.loads(raw)
+            body = orjson.loads(raw)  # a harness's prompt is 10-200 KB: ~3x faster than json, on the call's path
         except ValueError:
-            return self._local_error(call, 400, "invalid_request_error", "request body is not valid JSON",
-                                     "bad_request")
+            try:
+                body = json.loads(raw)  # what orjson refuses but JSON allows (integers past 64 bits)
+            except ValueError:
+                return self._local_error(call, 400, "invalid_request_error", "request body is not valid JSON",
+                                         "bad_request")
         if not isinstance(body, dict):
             return self._local_error(call, 400, "invalid_request_error", "request body must be a JSON object",
                                      "bad_request")
@@ -460,7 +474,7 @@ class Shim:
             if not (isinstance(so, dict) and so.get("include_usage")):
                 body["stream_options"] = {**(so if isinstance(so, dict) else {}), "include_usage": True}
                 modified = True
-        payload = json.dumps(body).encode() if modified else raw
+        payload = _dumps(body) if modified else raw
         call.payload_bytes = len(payload)
 
         # ---- caps
