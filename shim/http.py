@@ -219,8 +219,8 @@ class Responder:
         self._conn.write(head if self._req.method == "HEAD" else head + body)  # HEAD: no body
         self._conn.response_done(close)
 
-    async def start(self, status: int, headers) -> None:
-        """A chunked answer: headers now (sent with the first write), data with write(), end()."""
+    def begin(self, status: int, headers) -> None:
+        """A chunked answer: headers now (sent with the first write), data with put() / write(), finish()."""
         if self.started:
             raise RuntimeError("response already started")
         self.started = self.chunked = True
@@ -228,17 +228,23 @@ class Responder:
         self._pending = _head(status, self._headers(headers), "Transfer-Encoding: chunked",
                               not self._req.keep_alive)
 
-    async def write(self, data: bytes) -> None:
-        if not data:
-            return
-        frame = b"%x\r\n%b\r\n" % (len(data), data)
-        if self._pending is not None:
-            frame = self._pending + frame
-            self._pending = None
-        self._conn.write(frame)
-        await self._conn.drain()
+    def put(self, data: bytes) -> bool:
+        """Write a chunk now (from a callback); True if the client is not keeping up (see on_resume).
+        ConnectionError if the client is gone."""
+        if data:
+            frame = b"%x\r\n%b\r\n" % (len(data), data)
+            if self._pending is not None:
+                frame = self._pending + frame
+                self._pending = None
+            self._conn.write(frame)
+        return self._conn.paused
 
-    async def end(self, data: bytes = b"") -> None:
+    def on_resume(self, callback: Callable[[], None] | None) -> None:
+        """Call `callback` once the client has caught up (after put() returned True)."""
+        self._conn.on_resume = callback
+
+    def finish(self, data: bytes = b"") -> None:
+        """The last chunk and the end of the answer, in one write."""
         if self.done:
             return
         self.done = True
@@ -248,6 +254,17 @@ class Responder:
             self._pending = None
         self._conn.write(frame)
         self._conn.response_done(not self._req.keep_alive)
+
+    async def start(self, status: int, headers) -> None:
+        self.begin(status, headers)
+
+    async def write(self, data: bytes) -> None:
+        if data:
+            self.put(data)
+            await self._conn.drain()
+
+    async def end(self, data: bytes = b"") -> None:
+        self.finish(data)
 
 
 class _ServerConn(asyncio.Protocol):
@@ -264,6 +281,7 @@ class _ServerConn(asyncio.Protocol):
         self.closed = False
         self.closing = False
         self._paused_writing: asyncio.Future | None = None
+        self.on_resume: Callable[[], None] | None = None
         self._idle: asyncio.TimerHandle | None = None
         self.task: asyncio.Task | None = None
 
@@ -281,6 +299,9 @@ class _ServerConn(asyncio.Protocol):
             self._idle.cancel()
         if self._paused_writing is not None and not self._paused_writing.done():
             self._paused_writing.set_exception(ConnectionError("client gone"))
+        callback, self.on_resume = self.on_resume, None
+        if callback is not None:
+            callback()  # whoever waits for the client to catch up learns it is gone at its next write
 
     def pause_writing(self) -> None:
         if self._paused_writing is None or self._paused_writing.done():
@@ -289,6 +310,13 @@ class _ServerConn(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self._paused_writing is not None and not self._paused_writing.done():
             self._paused_writing.set_result(None)
+        callback, self.on_resume = self.on_resume, None
+        if callback is not None:
+            callback()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused_writing is not None and not self._paused_writing.done()
 
     def data_received(self, data: bytes) -> None:
         if self._idle is not None:
@@ -524,6 +552,8 @@ class _ClientConn(asyncio.Protocol):
         self.reset()
 
     def reset(self) -> None:
+        self.sink: Callable[[bytes], None] | None = None  # body data goes here as it arrives (Response.relay)
+        self.on_end: Callable[[], None] | None = None
         self.status = 0
         self.headers: Headers | None = None
         self.body: deque[bytes] = deque()
@@ -546,6 +576,7 @@ class _ClientConn(asyncio.Protocol):
         elif not self.complete:
             self.error = UpstreamPayloadError("upstream closed the connection") if self.headers is not None \
                 else UpstreamConnectError("upstream closed the connection")
+        self._deliver()
         self._wake()
 
     def _wake(self) -> None:
@@ -561,7 +592,19 @@ class _ClientConn(asyncio.Protocol):
         except ValueError as e:
             self.error = UpstreamPayloadError(f"bad upstream response: {e}")
             self.transport.close()
+        if self.sink is not None:
+            self._deliver()
         self._wake()
+
+    def _deliver(self) -> None:
+        """With a sink: hand it what arrived (in one piece), then tell it once the body ended or failed."""
+        if self.sink is None:
+            return
+        if self.body:
+            self.sink(self.take())
+        if (self.complete or self.error is not None or self.closed) and self.on_end is not None:
+            on_end, self.on_end = self.on_end, None
+            on_end()
 
     def _parse(self) -> None:
         if self.headers is None:
@@ -686,6 +729,37 @@ class Response:
     @property
     def content_type(self) -> str:
         return (self.headers.get("content-type") or "application/octet-stream").split(";", 1)[0].strip()
+
+    def relay(self, sink: Callable[[bytes], None], on_end: Callable[[], None]) -> None:
+        """Have the body handed to `sink` as it arrives, from the connection's callback (no task switch per
+        piece), and `on_end()` called once when it has ended or failed (Response.error says which). What
+        arrived before is handed over now. detach() stops it."""
+        c = self._conn
+        c.sink, c.on_end = sink, on_end
+        c._deliver()
+
+    def detach(self) -> None:
+        c = self._conn
+        if c is not None:
+            c.sink = c.on_end = None
+
+    @property
+    def error(self) -> Exception | None:
+        """Why the body broke off (None: it ended, or has not yet)."""
+        c = self._conn
+        if c is None or c.error is not None:
+            return None if c is None else c.error
+        if c.closed and not c.complete:
+            return UpstreamPayloadError("upstream closed the connection")
+        return None
+
+    def pause_reading(self) -> None:
+        if self._conn is not None and self._conn.transport is not None:
+            self._conn.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._conn is not None and self._conn.transport is not None and not self._conn.closed:
+            self._conn.transport.resume_reading()
 
     def iter_any(self) -> _Body:
         """The body as it arrives (chunked framing removed): an async iterator of bytes."""

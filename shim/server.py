@@ -33,16 +33,15 @@ from shim.ledger import Ledger
 from shim.pacer import NoopPacer, Pacer, PaceRequest, ValkeyPacer, throttled_dimension
 from shim.progress import Progress
 from shim.retry import Backoff, retry_after_s
+from shim.stream import CLIENT_GONE, StreamRelay
 from shim.wire import (
     CHAT,
     MESSAGES,
-    SSESplitter,
     StreamMeter,
     Usage,
     error_body,
     normalise,
     retryable_status,
-    retryable_stream_error,
     usage_from_body,
 )
 
@@ -70,10 +69,6 @@ _DROP_UP = _HOP | {"authorization", "x-api-key", "accept-encoding", "cookie", "c
 NO_RETRY = (("x-should-retry", "false"),)
 _JSON = ("Content-Type", "application/json")
 _UPSTREAM_ERRORS = (UpstreamError, TimeoutError, OSError)
-
-
-class _ClientGone(Exception):
-    pass
 
 
 @dataclass
@@ -695,72 +690,35 @@ class Shim:
         return self._account(call, None, estimated=True, est_output=meter.delta_tokens)
 
     async def _stream(self, request: Request, call: Call, resp, pace: PaceRequest):
-        meter = StreamMeter(call.kind)
-        split = SSESplitter()
-        buffered: list[bytes] = []
-        size = 0
-        chunks = resp.iter_any()
-        # 1. hold everything back until content starts, so that early failures can be retried
-        early: str | None = None
+        """Relay a stream (shim/stream.py: held back until its first content event, then passed on as it
+        arrives, from the upstream connection's callback); meter it; a _Retry if it failed before content."""
+        relay = StreamRelay(call.kind, resp, call.resp, self._down_headers(resp.headers),
+                            self.cfg.max_stream_buffer_bytes)
+        relay.start()
+        meter = relay.meter
         try:
-            async for chunk in chunks:
-                buffered.append(chunk)
-                size += len(chunk)
-                for event, data in split.feed(chunk):
-                    meter.on_event(event, data)
-                if meter.error_before_content or meter.meaningful or meter.done:
-                    break
-                if size > self.cfg.max_stream_buffer_bytes:
-                    break
-        except _UPSTREAM_ERRORS as e:
-            early = f"upstream stream failed: {type(e).__name__}"
-        if early is None and not (meter.meaningful or meter.done or meter.error
-                                  or size > self.cfg.max_stream_buffer_bytes):
-            early = "upstream stream ended before any content"
-        if early is not None:  # cut before content: retried, but what the provider billed is metered
-            await self._pace_settle(pace, self._stream_usage(call, meter, complete=False))
-            return _Retry(502, {}, self._err_json(call, early))
-        if meter.error_before_content and retryable_stream_error(meter.error or {}):
-            await self._pace_settle(pace, self._stream_usage(call, meter, complete=False))
-            return _Retry(529, {}, json.dumps(meter.error).encode())
-
-        # 2. commit: from here on the harness has bytes and the call cannot be retried
-        out = call.resp
-        await out.start(200, self._down_headers(resp.headers))
-        call.http_status = 200
-        cut: str | None = None
-        # the bytes that end the response go out with the chunked terminator in one write (write_eof)
-        tail = b"".join(buffered)
-        try:
-            if not meter.done and meter.error is None:
-                await self._write(out, tail)  # headers and what was held back: one write
-                tail = b""
-                async for chunk in chunks:
-                    for event, data in split.feed(chunk):
-                        meter.on_event(event, data)
-                    if meter.done or meter.error is not None:
-                        tail = chunk
-                        break
-                    await self._write(out, chunk)
-            if meter.done or meter.error is not None:
-                # the stream is over: end the response now, then drain the upstream body for the meter (and
-                # to keep the connection reusable); nothing after the final or error event is relayed
-                await self._write_eof(out, tail)
-                tail = None
-                try:
-                    async for chunk in chunks:
-                        for event, data in split.feed(chunk):
-                            meter.on_event(event, data)
-                except _UPSTREAM_ERRORS:
-                    pass  # the harness has its whole answer
-        except _ClientGone:
-            cut = "client disconnected"
-        except _UPSTREAM_ERRORS as e:
-            cut = f"upstream stream failed: {type(e).__name__}"
+            outcome = await relay.wait(self.cfg.sock_read_timeout_s)
+        except TimeoutError:
+            relay.stop()
+            outcome = "retry_early" if relay.phase == "hold" else "cut"
+            relay.failure = "upstream stream failed: TimeoutError"
         except asyncio.CancelledError:  # shutdown while streaming: meter what went through, then go
+            relay.stop()
+            if relay.phase != "hold":
+                call.http_status = 200
             call.outcome = "stream_error"
             self._stream_usage(call, meter, complete=False)
             raise
+        if outcome == "retry_early":  # cut before content: retried, but what the provider billed is metered
+            await self._pace_settle(pace, self._stream_usage(call, meter, complete=False))
+            return _Retry(502, {}, self._err_json(call, relay.failure or "upstream stream failed"))
+        if outcome == "retry_error":
+            await self._pace_settle(pace, self._stream_usage(call, meter, complete=False))
+            return _Retry(529, {}, json.dumps(meter.error).encode())
+
+        # committed: the harness has (some of) the answer
+        call.http_status = 200
+        cut = relay.failure if outcome == "cut" else None
         if cut is None and meter.error is None and not meter.done:
             cut = "upstream stream ended early"
         complete = cut is None and meter.error is None
@@ -771,13 +729,14 @@ class Shim:
             call.outcome = "stream_error"
             if cut is not None:
                 log.warning("stream cut: %s", cut)
-        if tail is not None:
-            if cut is not None and cut != "client disconnected":
+        if not relay.answer_ended:
+            tail = b""
+            if cut is not None and cut != CLIENT_GONE:
                 # tell the harness the stream broke (both SDKs raise on an in-stream error)
-                tail += self._sse_error(call.kind, cut)
+                tail = self._sse_error(call.kind, cut)
             try:
-                await self._write_eof(out, tail)
-            except _ClientGone:
+                call.resp.finish(tail)
+            except (ConnectionError, RuntimeError):
                 pass
         call.final_pace = (pace, used)
         return None
@@ -789,17 +748,3 @@ class Shim:
             return b"event: error\ndata: " + json.dumps(doc).encode() + b"\n\n"
         doc = {"error": {"type": "server_error", "message": message}}
         return b"data: " + json.dumps(doc).encode() + b"\n\n"
-
-    @staticmethod
-    async def _write_eof(out: Responder, chunk: bytes) -> None:
-        try:
-            await out.end(chunk)
-        except (ConnectionError, RuntimeError) as e:
-            raise _ClientGone from e
-
-    @staticmethod
-    async def _write(out: Responder, chunk: bytes) -> None:
-        try:
-            await out.write(chunk)
-        except (ConnectionError, RuntimeError) as e:
-            raise _ClientGone from e
