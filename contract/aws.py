@@ -1,7 +1,8 @@
 """AWS clients for S3 and SQS, honouring AWS_ENDPOINT_URL (moto's server mode locally, in-VPC endpoints on AWS).
 
-One set of settings (endpoint, region, retries) for every process; boto3 is imported only by the processes that
-use `client` (the shim, in every task, makes its SQS client from botocore alone: `bare_client`)."""
+One set of settings (endpoint, region, retries) for every process that uses boto3 (`client`). The shim, in every
+task, does not: it sends its ledger batches with its own stdlib SQS sender (shim/sqs.py), which reads the same
+endpoint and region variables."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def _endpoint(service: str) -> str | None:
 
 
 def _region() -> str:
-    return os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
+    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
 
 
 @lru_cache(maxsize=None)
@@ -31,14 +32,6 @@ def client(service: str, endpoint_url: str | None = None):
 
 
 @lru_cache(maxsize=None)
-def bare_client(service: str):
-    """The same client from botocore alone (no boto3: a few MB less in every task's shim)."""
-    import botocore.session
-
-    return botocore.session.get_session().create_client(service, endpoint_url=_endpoint(service),
-                                                        region_name=_region(), config=_CONFIG)
-
-
 def split_s3_uri(uri: str) -> tuple[str, str]:
     p = urlparse(uri)
     if p.scheme != "s3" or not p.netloc:

@@ -132,8 +132,8 @@ class Ledger:
             self._task = asyncio.create_task(self._run(), name="ledger-sender")
 
     def warm(self) -> None:
-        """With a results queue: import boto3 and make the SQS client in a thread now (the shim is ready and
-        idle), not at the first batch, in the middle of calls."""
+        """With a results queue: make the SQS sender and resolve its credentials in a thread now (the shim is
+        ready and idle), not at the first batch, in the middle of calls."""
         if self.queue_url and self.sender is _default_sender:
             fut = asyncio.get_running_loop().run_in_executor(None, _warm_default_sender)
             fut.add_done_callback(lambda f: f.cancelled() or f.exception() is None

@@ -55,7 +55,7 @@ def test_the_shim_process_imports_neither_pydantic_nor_redis_py(tmp_path):
     import subprocess
 
     code = ("import sys, shim.__main__, shim.server; "
-            "bad = [m for m in ('pydantic', 'redis', 'aiohttp', 'boto3', 'litellm', 'contract.models') "
+            "bad = [m for m in ('pydantic', 'redis', 'aiohttp', 'boto3', 'botocore', 'litellm', 'contract.models') "
             "if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])
