@@ -285,7 +285,7 @@ def main() -> int:
         paced = SimulatorConfig(api_key=KEY, ttft_ms=300, tokens_per_s=50, rpm=0, itpm=0, otpm=0)
         with (simulator_process(paced) as sim, shim_process(sim, args.valkey, run) as (via, proc, _),
               relay_process(sim) as relay):
-            for conc, calls in ((1, 8 if args.quick else 25), (64, 2 if args.quick else 4)):
+            for conc, calls in ((1, 8 if args.quick else 30), (64, 2 if args.quick else 12)):
                 if conc == 1:
                     print(f"   workload c=1: one caller direct, one via the bare relay, one via the shim, taking "
                           f"turns, {calls} calls each")

@@ -554,6 +554,7 @@ class _ClientConn(asyncio.Protocol):
     def reset(self) -> None:
         self.sink: Callable[[bytes], None] | None = None  # body data goes here as it arrives (Response.relay)
         self.on_end: Callable[[], None] | None = None
+        self.on_complete: Callable[[_ClientConn], None] | None = None  # see Upstream.post_head
         self.status = 0
         self.headers: Headers | None = None
         self.body: deque[bytes] = deque()
@@ -594,6 +595,9 @@ class _ClientConn(asyncio.Protocol):
             self.transport.close()
         if self.sink is not None:
             self._deliver()
+        elif self.on_complete is not None and self.complete and self.error is None:
+            on_complete, self.on_complete = self.on_complete, None
+            on_complete(self)
         self._wake()
 
     def _deliver(self) -> None:
@@ -681,6 +685,15 @@ class _ClientConn(asyncio.Protocol):
     def _timed_out(fut: asyncio.Future) -> None:
         if not fut.done():
             fut.set_exception(TimeoutError("upstream read timed out"))
+
+    def whole_body(self) -> bytes:
+        """The body of a complete response, left in place for Response.read()."""
+        body = self.body
+        if len(body) > 1:
+            data = b"".join(body)
+            body.clear()
+            body.append(data)
+        return body[0] if body else b""
 
     def take(self) -> bytes:
         body = self.body
@@ -835,14 +848,18 @@ class Upstream:
     async def post(self, path: str, headers: Iterable[tuple[str, str]], body: bytes) -> Response:
         return await self.post_head(self.head(path, headers), body)
 
-    async def post_head(self, head: bytes, body: bytes) -> Response:
-        """POST with a head from head(): Content-Length and the body are added here."""
+    async def post_head(self, head: bytes, body: bytes,
+                        on_complete: Callable[[_ClientConn], None] | None = None) -> Response:
+        """POST with a head from head(): Content-Length and the body are added here. `on_complete(conn)`: called
+        from the connection's callback as soon as the whole response is in (status, headers, whole_body()),
+        before this returns; what it does not consume, read() still returns."""
         payload = b"%bContent-Length: %d\r\n\r\n%b" % (head, len(body), body)
         for fresh in (False, True):
             conn = None if fresh else self._get_idle()
             reused = conn is not None
             if conn is None:
                 conn = await self._connect()
+            conn.on_complete = on_complete
             conn.transport.write(payload)
             try:
                 while conn.headers is None:

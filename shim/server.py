@@ -119,6 +119,20 @@ class Call:
     hold_id: str | None = None  # a budget hold to settle once the call is over
     final_pace: tuple[PaceRequest, Usage | None] | None = None  # the last attempt's pacer settle, likewise
     resp: Responder | None = None  # how this call answers the harness
+    answered: bool = False  # a non-stream 200 already handed to the harness (answer_now)
+
+    def answer(self, headers: Headers, body: bytes) -> None:
+        self.answered = True
+        try:
+            self.resp.send(200, [(k, v) for k, v in headers.raw if k.lower() not in _HOP], body)
+        except ConnectionError:
+            pass  # the harness went away; the call happened and is recorded as answered
+
+    def answer_now(self, conn) -> None:
+        """Upstream.post_head's on_complete: a 200 goes to the harness at once (anything else is the handler's
+        to decide: retry or pass through)."""
+        if conn.status == 200:
+            self.answer(conn.headers, conn.whole_body())
 
 
 class Shim:
@@ -128,6 +142,7 @@ class Shim:
         self._key = upstream_key or None
         self._local_token = cfg.local_token.encode()
         self._head_key = object()  # this shim's upstream request head, cached on the harness's parsed headers
+        self._auth_key = object()  # whether those headers carry the local token, likewise
         self.upstream = cfg.upstream_url.rstrip("/")
         self.upstream = self.upstream.removesuffix("/v1")
         self.pacer: Pacer = pacer or NoopPacer()
@@ -309,11 +324,15 @@ class Shim:
     # ------------------------------------------------------------ entry points
 
     def _authorized(self, request: Request) -> bool:
-        token = request.headers.get("x-api-key")
-        if not token:
-            auth = request.headers.get("authorization", "")
-            token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-        return hmac.compare_digest(token.encode(), self._local_token)
+        derived = request.headers.derived  # a harness sends the same headers call after call: checked once
+        ok = derived.get(self._auth_key)
+        if ok is None:
+            token = request.headers.get("x-api-key")
+            if not token:
+                auth = request.headers.get("authorization", "")
+                token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+            ok = derived[self._auth_key] = hmac.compare_digest(token.encode(), self._local_token)
+        return ok
 
     async def unknown(self, request: Request, resp: Responder) -> None:
         kind = MESSAGES if "messages" in request.path else CHAT
@@ -573,7 +592,8 @@ class Shim:
             else:
                 call.pacer_wait_ms += await self.pacer.admit(pace)
             try:
-                resp = await self.http.post_head(head, payload)
+                # a non-stream 200 is handed to the harness from the connection's callback, the moment it is in
+                resp = await self.http.post_head(head, payload, None if call.stream else call.answer_now)
             except _UPSTREAM_ERRORS as e:
                 last = _Retry(502, {}, self._err_json(call, f"upstream unreachable: {type(e).__name__}"))
                 await self._pace_settle(pace, None)
@@ -602,10 +622,8 @@ class Shim:
                         continue
                     call.http_status = 200
                     # hand it to the harness first: metering, the ledger row and the settles come after
-                    try:
-                        call.resp.send(200, self._down_headers(resp.headers), data)
-                    except ConnectionError:
-                        pass  # the harness went away; the call happened and is recorded as answered
+                    if not call.answered:
+                        call.answer(resp.headers, data)
                     used = self._account(call, usage_from_body(call.kind, data), estimated=False)
                     call.final_pace = (pace, used)
                     return None
