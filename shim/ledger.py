@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 log = logging.getLogger("shim.ledger")
 
@@ -82,7 +85,7 @@ class Ledger:
         self.sender = sender or _default_sender
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.seq = self._existing_rows()  # a restarted shim continues the numbering
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - open for the shim's life, closed by close()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)  # closed by close()
         self.rows = 0  # rows written by this process
         self.sent = 0  # rows accepted by the queue
         self.pending: list[str] = []  # rows as JSON
@@ -107,9 +110,14 @@ class Ledger:
         """Number the row (a CallRecord-shaped dict), write it durably, queue it for sending."""
         self.seq += 1
         row["seq"] = self.seq
-        line = json.dumps(row, separators=(",", ":"))
-        self._file.write(line + "\n")
-        self._file.flush()
+        try:
+            data = orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
+        except TypeError:  # an integer past 64 bits in the provider's raw usage
+            data = (json.dumps(row, separators=(",", ":")) + "\n").encode()
+        n = os.write(self._fd, data)  # one write(2) per row: in the file before anything else runs
+        while n < len(data):  # a short write (a full disk, a signal): the rest, or OSError
+            n += os.write(self._fd, data[n:])
+        line = data[:-1].decode()
         self.rows += 1
         t = self.totals
         t.calls += 1
@@ -199,7 +207,7 @@ class Ledger:
                 log.debug("ledger sender ended with %s", type(e).__name__)
             self._task = None
         if not send:
-            self._file.close()
+            os.close(self._fd)
             return True
         ok = await self.flush()
         deadline = time.monotonic() + timeout_s
@@ -208,7 +216,7 @@ class Ledger:
             await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
             delay = min(delay * 2, 5.0)
             ok = await self.flush()
-        self._file.close()
+        os.close(self._fd)
         if not ok:
             log.error("%d ledger rows could not be sent; they remain in %s", len(self.pending), self.path)
         return ok

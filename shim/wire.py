@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 CHAT = "openai"  # /v1/chat/completions
 MESSAGES = "anthropic"  # /v1/messages
 
@@ -238,9 +240,12 @@ class StreamMeter:
 
 def _loads(data: bytes) -> Any:
     try:
-        return json.loads(data)
+        return orjson.loads(data)
     except ValueError:
-        return None
+        try:
+            return json.loads(data)  # what orjson refuses but JSON allows (integers past 64 bits)
+        except ValueError:
+            return None
 
 
 # ------------------------------------------------------------------ errors
