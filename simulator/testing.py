@@ -19,17 +19,17 @@ from simulator.config import SimulatorConfig
 
 
 @contextmanager
-def running_simulator(config: SimulatorConfig | None = None, host: str = "127.0.0.1") -> Iterator[str]:
-    """Serve the simulator from a background thread with its own event loop; yields the base URL."""
+def running_app(app: web.Application, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serve an aiohttp app from a background thread with its own event loop; yields the base URL."""
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(make_app(config or SimulatorConfig()), access_log=None)
+    runner = web.AppRunner(app, access_log=None)
 
     async def start() -> int:
         await runner.setup()
         await web.TCPSite(runner, host, 0).start()
         return runner.addresses[0][1]
 
-    thread = threading.Thread(target=loop.run_forever, name="simulator", daemon=True)
+    thread = threading.Thread(target=loop.run_forever, name="app-server", daemon=True)
     thread.start()
     port = asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=10)
     try:
@@ -39,6 +39,13 @@ def running_simulator(config: SimulatorConfig | None = None, host: str = "127.0.
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         loop.close()
+
+
+@contextmanager
+def running_simulator(config: SimulatorConfig | None = None, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serve the simulator from a background thread with its own event loop; yields the base URL."""
+    with running_app(make_app(config or SimulatorConfig()), host) as url:
+        yield url
 
 
 @contextmanager

@@ -105,10 +105,9 @@ def anthropic_stream(text: str = "hello world", input_tokens: int = 11, output_t
 def running_stub(script: list[tuple[int, dict, bytes | dict]]):
     """Upstream answering with the scripted (status, headers, body) in order, the last one forever.
     Yields (base_url, seen) where seen lists the requests' (path, headers, json)."""
-    import asyncio
-    import threading
-
     from aiohttp import web
+
+    from simulator.testing import running_app
 
     seen: list[tuple[str, dict, dict]] = []
 
@@ -127,21 +126,21 @@ def running_stub(script: list[tuple[int, dict, bytes | dict]]):
 
     app = web.Application()
     app.router.add_post("/{tail:.*}", handle)
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app, access_log=None)
+    with running_app(app) as url:
+        yield url, seen
 
-    async def start() -> int:
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        return runner.addresses[0][1]
 
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    port = asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=10)
-    try:
-        yield f"http://127.0.0.1:{port}", seen
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()
+def self_signed_cert(tmp_path: Path) -> tuple[Path, Path]:
+    """(key, cert) for CN=localhost, made with openssl (skips the test where openssl is missing)."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
+                   check=True, capture_output=True)
+    return key, cert

@@ -7,6 +7,7 @@ import gzip
 import json
 
 import pytest
+from shimtest import self_signed_cert
 
 from shim.http import Server, Upstream, UpstreamConnectError, UpstreamPayloadError
 
@@ -195,16 +196,9 @@ def test_head_requests_get_no_body():
 
 
 def test_client_over_tls(tmp_path, monkeypatch):
-    import shutil
     import ssl
-    import subprocess
 
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
-                   check=True, capture_output=True)
+    key, cert = self_signed_cert(tmp_path)
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the client trusts the system's CAs; here, this one
 
     async def main():

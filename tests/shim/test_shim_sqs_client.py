@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import shutil
 import ssl
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials as BotoCredentials
+from shimtest import self_signed_cert
 
 from contract import aws
 from shim import sqs
@@ -176,12 +176,7 @@ def test_what_is_sent_is_what_was_signed(monkeypatch):
 
 
 def test_https_verifies_the_endpoint_against_aws_ca_bundle(monkeypatch, tmp_path):
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
-                   check=True, capture_output=True)
+    key, cert = self_signed_cert(tmp_path)
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     tls.load_cert_chain(cert, key)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "a")

@@ -4,7 +4,6 @@ instead of buffering), and an upstream that stalls before or after the first con
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,6 +11,8 @@ from pathlib import Path
 import httpx
 from aiohttp import web
 from shimtest import ANTHROPIC_OK, LOCAL_TOKEN, anthropic_stream, sse
+
+from simulator.testing import running_app
 
 STREAM = {"model": "m", "max_tokens": 100, "stream": True, "messages": [{"role": "user", "content": "go"}]}
 SSE_HEADERS = {"content-type": "text/event-stream"}
@@ -56,24 +57,8 @@ def upstream(handlers):
 
     app = web.Application()
     app.router.add_post("/{tail:.*}", handle)
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app, access_log=None)
-
-    async def start() -> int:
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        return runner.addresses[0][1]
-
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    port = asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=10)
-    try:
-        yield f"http://127.0.0.1:{port}", count
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()
+    with running_app(app) as url:
+        yield url, count
 
 
 def _rss_mb(pid: int) -> float:
