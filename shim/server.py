@@ -71,6 +71,11 @@ _JSON = ("Content-Type", "application/json")
 _UPSTREAM_ERRORS = (UpstreamError, TimeoutError, OSError)
 
 
+def _down_headers(headers: Headers) -> list[tuple[str, str]]:
+    """An upstream answer's headers as the harness gets them (hop-by-hop ones dropped)."""
+    return [(k, v) for k, v in headers.raw if k.lower() not in _HOP]
+
+
 @dataclass
 class _Retry:
     """An attempt that failed in a way worth retrying; the last one is passed through if all fail."""
@@ -124,7 +129,7 @@ class Call:
     def answer(self, headers: Headers, body: bytes) -> None:
         self.answered = True
         try:
-            self.resp.send(200, [(k, v) for k, v in headers.raw if k.lower() not in _HOP], body)
+            self.resp.send(200, _down_headers(headers), body)
         except ConnectionError:
             pass  # the harness went away; the call happened and is recorded as answered
 
@@ -569,10 +574,6 @@ class Shim:
                 h.append(("Authorization", f"Bearer {self._key}"))
         return h
 
-    @staticmethod
-    def _down_headers(headers: Headers) -> list[tuple[str, str]]:
-        return [(k, v) for k, v in headers.raw if k.lower() not in _HOP]
-
     async def _forward(self, request: Request, call: Call, payload: bytes, pace: PaceRequest,
                        first: tuple[bool, float] | None = None):
         """`first`: the ADMIT answer for the first attempt, when the gate already asked (HOLD+ADMIT)."""
@@ -710,7 +711,7 @@ class Shim:
     async def _stream(self, request: Request, call: Call, resp, pace: PaceRequest):
         """Relay a stream (shim/stream.py: held back until its first content event, then passed on as it
         arrives, from the upstream connection's callback); meter it; a _Retry if it failed before content."""
-        relay = StreamRelay(call.kind, resp, call.resp, self._down_headers(resp.headers),
+        relay = StreamRelay(call.kind, resp, call.resp, _down_headers(resp.headers),
                             self.cfg.max_stream_buffer_bytes)
         relay.start()
         meter = relay.meter
