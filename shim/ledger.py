@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
+from shim.wire import dumps
 
 log = logging.getLogger("shim.ledger")
 
@@ -110,10 +110,7 @@ class Ledger:
         """Number the row (a CallRecord-shaped dict), write it durably, queue it for sending."""
         self.seq += 1
         row["seq"] = self.seq
-        try:
-            data = orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
-        except TypeError:  # an integer past 64 bits in the provider's raw usage
-            data = (json.dumps(row, separators=(",", ":")) + "\n").encode()
+        data = dumps(row) + b"\n"
         n = os.write(self._fd, data)  # one write(2) per row: in the file before anything else runs
         while n < len(data):  # a short write (a full disk, a signal): the rest, or OSError
             n += os.write(self._fd, data[n:])

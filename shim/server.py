@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
-
 from contract import pricing
 from shim.caps import ATTEMPT_CAP, Budget, LocalBudget, ValkeyBudget, micro
 from shim.config import ShimConfig
@@ -39,20 +37,15 @@ from shim.wire import (
     MESSAGES,
     StreamMeter,
     Usage,
+    dumps,
     error_body,
+    loads,
     normalise,
     retryable_status,
     usage_from_body,
 )
 
 log = logging.getLogger("shim")
-
-
-def _dumps(doc: Any) -> bytes:
-    try:
-        return orjson.dumps(doc)  # ~15x faster than json.dumps on a long prompt
-    except TypeError:  # an integer past 64 bits
-        return json.dumps(doc).encode()
 
 
 ROUTES = {CHAT: "/v1/chat/completions", MESSAGES: "/v1/messages"}
@@ -470,13 +463,10 @@ class Shim:
                                      f"unreadable request body: {request.body_error}", "bad_request")
         raw = request.body
         try:
-            body = orjson.loads(raw)  # a harness's prompt is 10-200 KB: ~3x faster than json, on the call's path
+            body = loads(raw)
         except ValueError:
-            try:
-                body = json.loads(raw)  # what orjson refuses but JSON allows (integers past 64 bits)
-            except ValueError:
-                return self._local_error(call, 400, "invalid_request_error", "request body is not valid JSON",
-                                         "bad_request")
+            return self._local_error(call, 400, "invalid_request_error", "request body is not valid JSON",
+                                     "bad_request")
         if not isinstance(body, dict):
             return self._local_error(call, 400, "invalid_request_error", "request body must be a JSON object",
                                      "bad_request")
@@ -493,7 +483,7 @@ class Shim:
             if not (isinstance(so, dict) and so.get("include_usage")):
                 body["stream_options"] = {**(so if isinstance(so, dict) else {}), "include_usage": True}
                 modified = True
-        payload = _dumps(body) if modified else raw
+        payload = dumps(body) if modified else raw
         call.payload_bytes = len(payload)
 
         # ---- caps

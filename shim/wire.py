@@ -94,10 +94,7 @@ def _int(v: Any) -> int:
 
 def usage_from_body(kind: str, body: bytes) -> dict[str, Any] | None:
     """The raw usage object of a non-streaming response body, if any."""
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return None
+    doc = _loads(body)
     if isinstance(doc, dict) and isinstance(doc.get("usage"), dict):
         return doc["usage"]
     return None
@@ -238,14 +235,28 @@ class StreamMeter:
         return normalise(self.kind, self.raw)
 
 
-def _loads(data: bytes) -> Any:
+def loads(data: bytes) -> Any:
+    """JSON parsed by orjson (a harness's 10-200 KB prompt ~3x faster than `json`, on the call's path), by
+    `json` what orjson refuses but JSON allows (integers past 64 bits). ValueError if it is not JSON."""
     try:
         return orjson.loads(data)
     except ValueError:
-        try:
-            return json.loads(data)  # what orjson refuses but JSON allows (integers past 64 bits)
-        except ValueError:
-            return None
+        return json.loads(data)
+
+
+def dumps(doc: Any) -> bytes:
+    """Compact JSON by orjson (~15x faster than `json` on a long prompt), by `json` past 64-bit integers."""
+    try:
+        return orjson.dumps(doc)
+    except TypeError:
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _loads(data: bytes) -> Any:
+    try:
+        return loads(data)
+    except ValueError:
+        return None
 
 
 # ------------------------------------------------------------------ errors
