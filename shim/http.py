@@ -8,7 +8,8 @@ itself: keep-alive, Content-Length and chunked bodies both ways, Expect: 100-con
 bodies, write back-pressure, read timeouts, TLS upstream.
 
 Server: Server(handler, max_body_bytes). The handler gets (Request, Responder); it answers with
-Responder.send(status, headers, body) (one write) or start() / write() / end() (chunked). One request at a time
+Responder.send(status, headers, body) (one write) or begin() / put() / finish() (chunked; put() says when the
+client is not keeping up, on_resume() when it has caught up). One request at a time
 per connection (pipelined requests wait). A request line or headers that cannot be parsed get a 400 and the
 connection is closed, without reaching the handler (as in any HTTP server). A body over max_body_bytes is read
 and discarded, and the handler sees Request.too_large (it answers 413).
@@ -255,17 +256,6 @@ class Responder:
         self._conn.write(frame)
         self._conn.response_done(not self._req.keep_alive)
 
-    async def start(self, status: int, headers) -> None:
-        self.begin(status, headers)
-
-    async def write(self, data: bytes) -> None:
-        if data:
-            self.put(data)
-            await self._conn.drain()
-
-    async def end(self, data: bytes = b"") -> None:
-        self.finish(data)
-
 
 class _ServerConn(asyncio.Protocol):
     def __init__(self, server: Server):
@@ -280,7 +270,7 @@ class _ServerConn(asyncio.Protocol):
         self.busy = False  # a handler is running
         self.closed = False
         self.closing = False
-        self._paused_writing: asyncio.Future | None = None
+        self.paused = False  # the transport's write buffer is full: the client is not keeping up
         self.on_resume: Callable[[], None] | None = None
         self._idle: asyncio.TimerHandle | None = None
         self.task: asyncio.Task | None = None
@@ -297,26 +287,18 @@ class _ServerConn(asyncio.Protocol):
         self.server.conns.discard(self)
         if self._idle is not None:
             self._idle.cancel()
-        if self._paused_writing is not None and not self._paused_writing.done():
-            self._paused_writing.set_exception(ConnectionError("client gone"))
         callback, self.on_resume = self.on_resume, None
         if callback is not None:
             callback()  # whoever waits for the client to catch up learns it is gone at its next write
 
     def pause_writing(self) -> None:
-        if self._paused_writing is None or self._paused_writing.done():
-            self._paused_writing = asyncio.get_running_loop().create_future()
+        self.paused = True
 
     def resume_writing(self) -> None:
-        if self._paused_writing is not None and not self._paused_writing.done():
-            self._paused_writing.set_result(None)
+        self.paused = False
         callback, self.on_resume = self.on_resume, None
         if callback is not None:
             callback()
-
-    @property
-    def paused(self) -> bool:
-        return self._paused_writing is not None and not self._paused_writing.done()
 
     def data_received(self, data: bytes) -> None:
         if self._idle is not None:
@@ -332,13 +314,6 @@ class _ServerConn(asyncio.Protocol):
         if self.closed or self.transport is None or self.transport.is_closing():
             raise ConnectionError("client gone")
         self.transport.write(data)
-
-    async def drain(self) -> None:
-        fut = self._paused_writing
-        if fut is not None and not fut.done():
-            await fut
-        if self.closed:
-            raise ConnectionError("client gone")
 
     def response_done(self, close: bool) -> None:
         if close:

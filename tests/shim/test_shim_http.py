@@ -21,10 +21,10 @@ async def _echo_server(max_body: int = 1 << 20, **kw):
         doc = {"method": req.method, "path": req.path, "body": req.body.decode(errors="replace"),
                "too_large": req.too_large, "body_error": req.body_error, "h": req.headers.get("X-Test")}
         if req.path.endswith("/stream"):
-            await resp.start(200, [("Content-Type", "text/event-stream")])
+            resp.begin(200, [("Content-Type", "text/event-stream")])
             for i in range(3):
-                await resp.write(b"data: %d\n\n" % i)
-            await resp.end(b"data: end\n\n")
+                resp.put(b"data: %d\n\n" % i)
+            resp.finish(b"data: end\n\n")
         elif req.path == "/boom":
             raise RuntimeError("boom")
         else:
