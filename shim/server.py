@@ -118,6 +118,8 @@ class Call:
     final_pace: tuple[PaceRequest, Usage | None] | None = None  # the last attempt's pacer settle, likewise
     resp: Responder | None = None  # how this call answers the harness
     answered: bool = False  # a non-stream 200 already handed to the harness (answer_now)
+    ticket_asked: bool = False  # the next call's ticket was asked for when this one was answered
+    on_answered: Any = None  # Shim._ask_ticket, bound (called once the answer is out)
 
     def answer(self, headers: Headers, body: bytes) -> None:
         self.answered = True
@@ -125,6 +127,8 @@ class Call:
             self.resp.send(200, _down_headers(headers), body)
         except ConnectionError:
             pass  # the harness went away; the call happened and is recorded as answered
+        if self.on_answered is not None:
+            self.on_answered(self)
 
     def answer_now(self, conn) -> None:
         """Upstream.post_head's on_complete: a 200 goes to the harness at once (anything else is the handler's
@@ -395,6 +399,37 @@ class Shim:
         # settles and progress go to Valkey in one round trip, after the response (in_flight covers it)
         self._spawn(self._after(call, self._progress_fields()))
 
+    # ------------------------------------------------------------ tickets (shim/gate.py)
+
+    def _wants_ticket(self, call: Call) -> bool:
+        return (not call.ticket_asked and call.hold_id is not None and self.stopped is None and self.ready
+                and self.redis is not None and self.gate.want_ticket(self.in_flight))
+
+    def _ticket_cmd(self, call: Call) -> tuple:
+        """HOLD+ADMIT for the next call. The next prompt is this one and a turn longer: its hold is sized for
+        half as much again and 16 KiB more; its pool booking is this call's estimate (the settle reconciles it)."""
+        call.ticket_asked = True
+        est, _ = self._estimate(call.payload_bytes * 3 // 2 + 16384, call.max_out)
+        return self.gate.ticket_cmd(f"t-{call.call_id}", est, self._pace_request(call.payload_bytes, call.max_out))
+
+    def _ask_ticket(self, call: Call) -> None:
+        """The moment a call is answered, ask for the next call's ticket, in its own round trip: a harness that
+        calls again at once (a closed loop) then finds it ready, where waiting for the after-call pipeline (its
+        settles wait a few ms to share a write) put a round trip back on the next call's path."""
+        if self._wants_ticket(call):
+            cmd, ticket = self._ticket_cmd(call)
+            self._spawn(self._take_ticket(cmd, ticket))
+
+    async def _take_ticket(self, cmd: tuple, ticket) -> None:
+        try:
+            (reply,) = await self.redis.pipeline([cmd])
+        except BaseException as e:  # no ticket: the next call asks for itself (a hold taken after all expires)
+            self.gate.ticket_taken(ticket, e)
+            if not isinstance(e, Exception):
+                raise
+            return
+        self.gate.ticket_taken(ticket, reply)
+
     def _spawn(self, coro) -> None:
         task = asyncio.ensure_future(coro)
         self._bg.add(task)
@@ -426,16 +461,13 @@ class Shim:
                 self._published_at = time.time()
                 cmds += self.gate.expired_cmds()
                 n = len(cmds)
-                if (call.hold_id is not None and self.stopped is None and self.ready
-                        and self.gate.want_ticket(self.in_flight)):
-                    # the next prompt is this one and a turn longer: its hold is sized for half as much again
-                    # and 16 KiB more; its pool booking is this call's estimate (the settle reconciles it)
-                    est, _ = self._estimate(call.payload_bytes * 3 // 2 + 16384, call.max_out)
-                    cmd, ticket = self.gate.ticket_cmd(f"t-{call.call_id}", est,
-                                                       self._pace_request(call.payload_bytes, call.max_out))
+                if self._wants_ticket(call):  # a call that was not answered (the ticket goes with the settles)
+                    cmd, ticket = self._ticket_cmd(call)
                     cmds.append(cmd)
                 try:
-                    replies = await self.redis.pipeline(cmds, defer=True)
+                    # settles and progress are not urgent (they may wait a few ms to share a write); a ticket is
+                    # (the harness may call again within a millisecond)
+                    replies = await self.redis.pipeline(cmds, defer=ticket is None)
                 except BaseException as e:
                     if ticket is not None:
                         self.gate.ticket_taken(ticket, e)
@@ -511,6 +543,7 @@ class Shim:
             return self._refuse(call, "budget_exceeded", f"the {scope} cost cap does not allow this call")
         call.max_out = max_out
         call.hold_id = hold_id  # settled in _after, whatever happens from here on
+        call.on_answered = self._ask_ticket
         first = (ok, wait_ms) if answered else None
         return await self._forward(request, call, payload, pace, first)
 
@@ -734,6 +767,7 @@ class Shim:
         used = self._stream_usage(call, meter, complete=complete)
         if complete:
             call.outcome = "ok"
+            self._ask_ticket(call)
         else:
             call.outcome = "stream_error"
             if cut is not None:
