@@ -79,6 +79,13 @@ class _Retry:
     content_type: str = "application/json"
 
 
+def _first_reply(fut: asyncio.Future):
+    """A done future of replies: the first reply, or the exception it failed with."""
+    if fut.cancelled():
+        return asyncio.CancelledError()
+    return fut.exception() or fut.result()[0]
+
+
 class _Ids:
     """uuid4s from one os.urandom read per 256 (a syscall per call is measurable on an idle, cold CPU)."""
 
@@ -255,6 +262,9 @@ class Shim:
             self._heartbeat.cancel()
         if self._bg:
             await asyncio.gather(*self._bg, return_exceptions=True)
+        asked = [f for f in (self.gate.tickets if self.gate is not None else ()) if not f.done()]
+        if asked:  # tickets asked for at the last answers: their replies, so that they can be given back
+            await asyncio.wait(asked, timeout=self.cfg.shutdown_timeout_s)
         await self._give_back(everything=True)
         sent_all = await self.ledger.close(self.cfg.sqs_flush_timeout_s, send=self.cfg.flush_on_exit)
         if self.progress is not None:
@@ -418,7 +428,11 @@ class Shim:
         settles wait a few ms to share a write) put a round trip back on the next call's path."""
         if self._wants_ticket(call):
             cmd, ticket = self._ticket_cmd(call)
-            self._spawn(self._take_ticket(cmd, ticket))
+            sent = self.redis.submit([cmd])  # written now, from this callback
+            if sent is None:
+                self._spawn(self._take_ticket(cmd, ticket))
+            else:
+                sent.add_done_callback(lambda f: self.gate.ticket_taken(ticket, _first_reply(f)))
 
     async def _take_ticket(self, cmd: tuple, ticket) -> None:
         try:
