@@ -400,7 +400,8 @@ class _ServerConn(asyncio.Protocol):
                     req.body = self._decode(req, enc)
             self.body_parts = []
             self.busy = True
-            self.task = asyncio.ensure_future(self._run(req))
+            if not self._start(req):
+                return
 
     def _body(self, part: bytes) -> None:
         req = self.req
@@ -425,7 +426,25 @@ class _ServerConn(asyncio.Protocol):
             req.body_error = f"cannot decode {enc} body"
         return b""
 
-    async def _run(self, req: Request) -> None:
+    def _start(self, req: Request) -> bool:
+        """Run the handler eagerly, in this callback, up to its first wait; then on as a task. The upstream
+        write of a call that needs no Valkey round trip comes before that wait, so a task switch (a loop pass
+        on cold caches) is no longer between the harness's request and the upstream's. What Python 3.12's eager
+        tasks do. True: the handler finished here and the next request may be parsed."""
+        coro = self._run(req)
+        try:
+            waiting_on = coro.send(None)
+        except StopIteration as done:
+            return done.value
+        self.task = asyncio.ensure_future(self._resume(coro, waiting_on))
+        return False
+
+    async def _resume(self, coro, waiting_on) -> None:
+        if await _Resumed(coro, waiting_on) and self.buf:
+            self._parse()
+
+    async def _run(self, req: Request) -> bool:
+        """The handler, then the connection's next step; True if the next request may be parsed now."""
         resp = Responder(self, req)
         self.server.active.add(self)
         try:
@@ -450,16 +469,56 @@ class _ServerConn(asyncio.Protocol):
             self.busy = False
         if not resp.done and not self.closed and self.transport is not None:
             self.transport.close()  # a handler that never finished its answer: the connection is unusable
-            return
+            return False
         if self.closing or self.closed:
-            return
+            return False
         if self.server.stopping:
             self.transport.close()
-            return
+            return False
         if self.buf:
-            self._parse()
+            return True
+        self._arm_idle()
+        return False
+
+
+class _Resumed:
+    """Awaiting it goes on with a coroutine started by hand (its first send() returned `waiting_on`, what it
+    waits for): the task waits on that as the coroutine's own task would have, then drives the coroutine to
+    its end, passing each value or exception (a cancel) on. Returns what the coroutine returns."""
+
+    __slots__ = ("coro", "waiting_on")
+
+    def __init__(self, coro, waiting_on) -> None:
+        self.coro = coro
+        self.waiting_on = waiting_on
+
+    def __await__(self):
+        coro = self.coro
+        try:
+            yield self.waiting_on
+        except BaseException as e:  # noqa: BLE001 - passed on into the coroutine
+            try:
+                step = coro.throw(e)
+            except StopIteration as done:
+                return done.value
         else:
-            self._arm_idle()
+            try:
+                step = coro.send(None)
+            except StopIteration as done:
+                return done.value
+        while True:
+            try:
+                value = yield step
+            except BaseException as e:  # noqa: BLE001 - passed on into the coroutine
+                try:
+                    step = coro.throw(e)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    step = coro.send(value)
+                except StopIteration as done:
+                    return done.value
 
 
 Handler = Callable[[Request, Responder], Awaitable[None]]

@@ -308,6 +308,12 @@ class KV:
         return replies
 
 
+def _in_task(coro):
+    """redis-py's asyncio client needs a current task (its timeouts do); the shim's server runs a handler's first
+    step eagerly, outside any task (shim/http.py): there, run `coro` as a task of its own."""
+    return coro if asyncio.current_task() is not None else asyncio.ensure_future(coro)
+
+
 class RedisPyKV:
     """The same interface over a redis.asyncio client (shared between many Shim objects in one process)."""
 
@@ -316,13 +322,16 @@ class RedisPyKV:
         self._scripts: dict[str, str] = {}
 
     async def execute(self, *args: Any) -> Any:
-        return await self.client.execute_command(*args)
+        return await _in_task(self.client.execute_command(*args))
 
     def register(self, script: Script) -> Script:
         self._scripts[script.sha] = script.text
         return script
 
-    async def script(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+    def script(self, script: Script, keys: Sequence[Any], args: Sequence[Any]):
+        return _in_task(self._script(script, keys, args))
+
+    async def _script(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         from redis.exceptions import NoScriptError
 
         try:
@@ -330,8 +339,10 @@ class RedisPyKV:
         except NoScriptError:
             return await self.client.eval(script.text, len(keys), *keys, *args)
 
-    async def pipeline(self, cmds: Iterable[tuple], transaction: bool = False, defer: bool = False) -> list[Any]:
-        cmds = list(cmds)
+    def pipeline(self, cmds: Iterable[tuple], transaction: bool = False, defer: bool = False):
+        return _in_task(self._pipeline(list(cmds), transaction))
+
+    async def _pipeline(self, cmds: list[tuple], transaction: bool) -> list[Any]:
         async with self.client.pipeline(transaction=transaction) as pipe:
             for c in cmds:
                 pipe.execute_command(*c)
