@@ -23,7 +23,7 @@ same round trip. Every call is still held and admitted before it is forwarded; w
     booking (request and tokens) refunded; also at shutdown. A task killed outright leaks it as it would
     leak an in-flight call's: the hold expires (hold_ttl_s), the booking decays.
 A shim keeps at most as many tickets as it has calls in flight, so a harness making one call at a time holds
-one ticket at most.
+one ticket at most; while calls overlap, one spare beyond that (Gate.tickets_wanted).
 
 The run's keys ({run} hash tag) and the pool's ({pool}) are on one node: the deployed Valkey is a replication
 group (one primary, cluster mode off). A cluster would need the two scripts pipelined instead.
@@ -150,6 +150,15 @@ class Gate:
     def want_ticket(self, in_flight: int) -> bool:
         """Whether a call ending now should take a ticket: at most one per call in flight (this one included)."""
         return self.ticket_ttl_s > 0 and len(self.tickets) < in_flight
+
+    def tickets_wanted(self, in_flight: int) -> int:
+        """How many tickets a call answered now should ask for: one (want_ticket), and while calls overlap one
+        spare when none is left. Why the spare: with calls overlapping, the next call (often the same caller's,
+        at once) takes the oldest ticket; without a spare that is the one just asked for, still a round trip
+        away. One spare per shim, not per call, so a harness making one call at a time never has one."""
+        if not self.want_ticket(in_flight):
+            return 0
+        return 2 if in_flight > 1 and not self.tickets else 1
 
     def ticket_cmd(self, hold_id: str, est_micro: int, pace: PaceRequest) -> tuple[tuple, _Pending]:
         """HOLD+ADMIT for a call not yet made (to send in the after-call pipeline), and the pending ticket to

@@ -415,24 +415,27 @@ class Shim:
         return (not call.ticket_asked and call.hold_id is not None and self.stopped is None and self.ready
                 and self.redis is not None and self.gate.want_ticket(self.in_flight))
 
-    def _ticket_cmd(self, call: Call) -> tuple:
-        """HOLD+ADMIT for the next call. The next prompt is this one and a turn longer: its hold is sized for
+    def _ticket_cmd(self, call: Call, i: int = 0) -> tuple:
+        """HOLD+ADMIT for a next call. The next prompt is this one and a turn longer: its hold is sized for
         half as much again and 16 KiB more; its pool booking is this call's estimate (the settle reconciles it)."""
         call.ticket_asked = True
         est, _ = self._estimate(call.payload_bytes * 3 // 2 + 16384, call.max_out)
-        return self.gate.ticket_cmd(f"t-{call.call_id}", est, self._pace_request(call.payload_bytes, call.max_out))
+        return self.gate.ticket_cmd(f"t{i or ''}-{call.call_id}", est,
+                                    self._pace_request(call.payload_bytes, call.max_out))
 
     def _ask_ticket(self, call: Call) -> None:
         """The moment a call is answered, ask for the next call's ticket, in its own round trip: a harness that
         calls again at once (a closed loop) then finds it ready, where waiting for the after-call pipeline (its
         settles wait a few ms to share a write) put a round trip back on the next call's path."""
-        if self._wants_ticket(call):
-            cmd, ticket = self._ticket_cmd(call)
+        if not self._wants_ticket(call):
+            return
+        for i in range(self.gate.tickets_wanted(self.in_flight)):
+            cmd, ticket = self._ticket_cmd(call, i)
             sent = self.redis.submit([cmd])  # written now, from this callback
             if sent is None:
                 self._spawn(self._take_ticket(cmd, ticket))
             else:
-                sent.add_done_callback(lambda f: self.gate.ticket_taken(ticket, _first_reply(f)))
+                sent.add_done_callback(lambda f, t=ticket: self.gate.ticket_taken(t, _first_reply(f)))
 
     async def _take_ticket(self, cmd: tuple, ticket) -> None:
         try:

@@ -111,3 +111,49 @@ def test_tickets_off(sim, shim, valkey, unique):
         assert _post(s).status_code == 200
     time.sleep(0.2)
     assert s.status()["tickets"] == {"taken": 0, "used": 0, "returned": 0}
+
+
+def test_one_spare_ticket_while_calls_overlap_and_none_for_one_call_at_a_time():
+    """Gate.tickets_wanted: one ticket per call in flight; a second (the spare) only when calls overlap and no
+    ticket is left, so that the next call does not find only the one just asked for, still a round trip away."""
+    import asyncio
+
+    from shim.caps import ValkeyBudget
+    from shim.gate import Gate
+    from shim.kv import KV
+    from shim.pacer import ValkeyPacer
+
+    kv = KV("redis://127.0.0.1:6379/0")  # never connects: nothing here is sent
+    ref = AttemptRef(run="r", instance_id="repo__repo-1", attempt=1)
+    gate = Gate(ValkeyBudget(kv, ref, 1.0, 10.0, 60), ValkeyPacer(kv, "p"), ticket_ttl_s=15)
+    assert gate.tickets_wanted(1) == 1  # one call at a time: never a spare
+    assert gate.tickets_wanted(3) == 2  # overlapping, none left: one more
+    loop = asyncio.new_event_loop()
+    try:
+        gate.tickets.append(loop.create_future())
+        assert gate.tickets_wanted(1) == 0 and gate.tickets_wanted(3) == 1
+        gate.tickets.extend([loop.create_future(), loop.create_future()])
+        assert gate.tickets_wanted(3) == 0  # as many tickets as calls in flight
+    finally:
+        loop.close()
+    assert Gate(ValkeyBudget(kv, ref, 1.0, 10.0, 60), ValkeyPacer(kv, "p"), ticket_ttl_s=0).tickets_wanted(3) == 0
+
+
+def test_overlapping_calls_leave_nothing_held(sim, shim, valkey, unique):
+    """Four callers at once, three calls each, back to back (spare tickets are asked for): every call is
+    answered, at most one ticket beyond the calls goes unused, and shutdown gives every ticket back."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    s = shim(sim(ttft_ms=50), limits={"cost_usd": 5.0}, run_cost_usd=50.0)
+    with ThreadPoolExecutor(4) as ex:
+        codes = list(ex.map(lambda _: [_post(s).status_code for _ in range(3)], range(4)))
+    assert codes == [[200] * 3] * 4
+    time.sleep(0.2)
+    st = s.status()["tickets"]
+    assert st["used"] >= 6 and st["taken"] - st["used"] - st["returned"] <= 4 + 1
+    assert s.stop() == 0
+    ref = AttemptRef(run=unique, instance_id="repo__repo-1", attempt=1)
+    for key in (keys.attempt_budget(ref), keys.run_budget(unique)):
+        b = _budget(valkey, key)
+        assert b["held"] == 0 and b["holds"] == 0
+        assert abs(b["spent"] - sum(r["cost_usd"] for r in s.rows()) * 1e6) <= 10
