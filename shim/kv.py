@@ -215,20 +215,6 @@ class KV:
                 delay = min(delay * 2, 1.0)
         raise AssertionError("unreachable")
 
-    def submit(self, cmds: Sequence[tuple]) -> asyncio.Future | None:
-        """Send commands now, from a callback (no task, no retry): a future of their replies (error replies in
-        their slots, NOSCRIPT included), or None when there is no open connection (use pipeline())."""
-        conn = self._conn
-        if conn is None or conn.closed:
-            return None
-        fut = asyncio.get_running_loop().create_future()
-        self._queue.append((b"".join([hiredis.pack_command(c) for c in cmds]), len(cmds), fut))
-        if self._timer is not None:  # deferred commands go with it
-            self._timer.cancel()
-            self._timer = None
-        self._write(conn)
-        return fut
-
     def kick(self) -> None:
         """Send deferred commands now (someone waits for their replies)."""
         if self._timer is not None:
@@ -354,10 +340,6 @@ class RedisPyKV:
                 except Exception as e:  # noqa: BLE001 - returned in its slot, as pipeline errors are
                     replies[i] = e
         return replies
-
-    def submit(self, cmds: Sequence[tuple]) -> None:
-        """Not supported here: use pipeline()."""
-        return None
 
     def kick(self) -> None:
         """Nothing is deferred here."""

@@ -79,13 +79,6 @@ class _Retry:
     content_type: str = "application/json"
 
 
-def _first_reply(fut: asyncio.Future):
-    """A done future of replies: the first reply, or the exception it failed with."""
-    if fut.cancelled():
-        return asyncio.CancelledError()
-    return fut.exception() or fut.result()[0]
-
-
 class _Ids:
     """uuid4s from one os.urandom read per 256 (a syscall per call is measurable on an idle, cold CPU)."""
 
@@ -125,8 +118,6 @@ class Call:
     final_pace: tuple[PaceRequest, Usage | None] | None = None  # the last attempt's pacer settle, likewise
     resp: Responder | None = None  # how this call answers the harness
     answered: bool = False  # a non-stream 200 already handed to the harness (answer_now)
-    ticket_asked: bool = False  # the next call's ticket was asked for when this one was answered
-    on_answered: Any = None  # Shim._ask_ticket, bound (called once the answer is out)
 
     def answer(self, headers: Headers, body: bytes) -> None:
         self.answered = True
@@ -134,8 +125,6 @@ class Call:
             self.resp.send(200, _down_headers(headers), body)
         except ConnectionError:
             pass  # the harness went away; the call happened and is recorded as answered
-        if self.on_answered is not None:
-            self.on_answered(self)
 
     def answer_now(self, conn) -> None:
         """Upstream.post_head's on_complete: a 200 goes to the harness at once (anything else is the handler's
@@ -262,9 +251,6 @@ class Shim:
             self._heartbeat.cancel()
         if self._bg:
             await asyncio.gather(*self._bg, return_exceptions=True)
-        asked = [f for f in (self.gate.tickets if self.gate is not None else ()) if not f.done()]
-        if asked:  # tickets asked for at the last answers: their replies, so that they can be given back
-            await asyncio.wait(asked, timeout=self.cfg.shutdown_timeout_s)
         await self._give_back(everything=True)
         sent_all = await self.ledger.close(self.cfg.sqs_flush_timeout_s, send=self.cfg.flush_on_exit)
         if self.progress is not None:
@@ -411,41 +397,12 @@ class Shim:
 
     # ------------------------------------------------------------ tickets (shim/gate.py)
 
-    def _wants_ticket(self, call: Call) -> bool:
-        return (not call.ticket_asked and call.hold_id is not None and self.stopped is None and self.ready
-                and self.redis is not None and self.gate.want_ticket(self.in_flight))
-
     def _ticket_cmd(self, call: Call, i: int = 0) -> tuple:
         """HOLD+ADMIT for a next call. The next prompt is this one and a turn longer: its hold is sized for
         half as much again and 16 KiB more; its pool booking is this call's estimate (the settle reconciles it)."""
-        call.ticket_asked = True
         est, _ = self._estimate(call.payload_bytes * 3 // 2 + 16384, call.max_out)
         return self.gate.ticket_cmd(f"t{i or ''}-{call.call_id}", est,
                                     self._pace_request(call.payload_bytes, call.max_out))
-
-    def _ask_ticket(self, call: Call) -> None:
-        """The moment a call is answered, ask for the next call's ticket, in its own round trip: a harness that
-        calls again at once (a closed loop) then finds it ready, where waiting for the after-call pipeline (its
-        settles wait a few ms to share a write) put a round trip back on the next call's path."""
-        if not self._wants_ticket(call):
-            return
-        for i in range(self.gate.tickets_wanted(self.in_flight)):
-            cmd, ticket = self._ticket_cmd(call, i)
-            sent = self.redis.submit([cmd])  # written now, from this callback
-            if sent is None:
-                self._spawn(self._take_ticket(cmd, ticket))
-            else:
-                sent.add_done_callback(lambda f, t=ticket: self.gate.ticket_taken(t, _first_reply(f)))
-
-    async def _take_ticket(self, cmd: tuple, ticket) -> None:
-        try:
-            (reply,) = await self.redis.pipeline([cmd])
-        except BaseException as e:  # no ticket: the next call asks for itself (a hold taken after all expires)
-            self.gate.ticket_taken(ticket, e)
-            if not isinstance(e, Exception):
-                raise
-            return
-        self.gate.ticket_taken(ticket, reply)
 
     def _spawn(self, coro) -> None:
         task = asyncio.ensure_future(coro)
@@ -455,7 +412,7 @@ class Shim:
     async def _after(self, call: Call, fields: dict[str, Any]) -> None:
         """Settle the last attempt's pacer booking and the budget hold, publish progress: one pipeline (an
         EVALSHA answered NOSCRIPT after a failover is run again with EVAL by the client)."""
-        ticket = None
+        tickets = []
         try:
             cmds: list[tuple] = []
             if call.final_pace is not None:
@@ -478,19 +435,21 @@ class Shim:
                 self._published_at = time.time()
                 cmds += self.gate.expired_cmds()
                 n = len(cmds)
-                if self._wants_ticket(call):  # a call that was not answered (the ticket goes with the settles)
-                    cmd, ticket = self._ticket_cmd(call)
-                    cmds.append(cmd)
+                if call.hold_id is not None and self.stopped is None and self.ready:
+                    for i in range(self.gate.tickets_wanted(self.in_flight)):
+                        cmd, ticket = self._ticket_cmd(call, i)
+                        cmds.append(cmd)
+                        tickets.append(ticket)
                 try:
-                    # settles and progress are not urgent (they may wait a few ms to share a write); a ticket is
-                    # (the harness may call again within a millisecond)
-                    replies = await self.redis.pipeline(cmds, defer=ticket is None)
+                    # settles and progress alone are not urgent (they wait a few ms to share a write with other
+                    # calls'); with a ticket they go at once (the harness may call again within a millisecond)
+                    replies = await self.redis.pipeline(cmds, defer=not tickets)
                 except BaseException as e:
-                    if ticket is not None:
+                    for ticket in tickets:
                         self.gate.ticket_taken(ticket, e)
                     raise
-                if ticket is not None:
-                    self.gate.ticket_taken(ticket, replies[n])
+                for ticket, reply in zip(tickets, replies[n:], strict=True):
+                    self.gate.ticket_taken(ticket, reply)
                 for res in replies[:n]:
                     if isinstance(res, Exception):
                         log.error("settle/progress after call failed: %s", res)
@@ -560,7 +519,6 @@ class Shim:
             return self._refuse(call, "budget_exceeded", f"the {scope} cost cap does not allow this call")
         call.max_out = max_out
         call.hold_id = hold_id  # settled in _after, whatever happens from here on
-        call.on_answered = self._ask_ticket
         first = (ok, wait_ms) if answered else None
         return await self._forward(request, call, payload, pace, first)
 
@@ -784,7 +742,6 @@ class Shim:
         used = self._stream_usage(call, meter, complete=complete)
         if complete:
             call.outcome = "ok"
-            self._ask_ticket(call)
         else:
             call.outcome = "stream_error"
             if cut is not None:
