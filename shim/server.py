@@ -441,9 +441,9 @@ class Shim:
                         cmds.append(cmd)
                         tickets.append(ticket)
                 try:
-                    # settles and progress alone are not urgent (they wait a few ms to share a write with other
-                    # calls'); with a ticket they go at once (the harness may call again within a millisecond)
-                    replies = await self.redis.pipeline(cmds, defer=not tickets)
+                    # not urgent: waits a few ms to share a write with other calls' (a caller that calls again at
+                    # once takes the spare ticket, Gate.tickets_wanted)
+                    replies = await self.redis.pipeline(cmds, defer=True)
                 except BaseException as e:
                     for ticket in tickets:
                         self.gate.ticket_taken(ticket, e)
