@@ -223,3 +223,49 @@ def test_client_over_tls(tmp_path, monkeypatch):
         srv.close()
 
     asyncio.run(main())
+
+
+def test_handlers_start_eagerly_and_go_on_as_tasks():
+    """A handler's first step runs in the connection's callback (no task yet); after its first wait it goes on
+    as a task; pipelined requests are answered in order, whether their handlers finish at once or wait; a
+    handler waiting at shutdown is cancelled (and sees it)."""
+
+    async def main():
+        steps, cancelled = [], []
+        gate = asyncio.Event()
+
+        async def handler(req, resp):
+            steps.append((req.path, "first", asyncio.current_task() is None))
+            if req.path.startswith("/wait"):
+                await asyncio.sleep(0.01)
+                steps.append((req.path, "after", asyncio.current_task() is not None))
+            if req.path == "/hang":
+                try:
+                    await gate.wait()
+                except asyncio.CancelledError:
+                    cancelled.append(req.path)
+                    raise
+            resp.send(200, [("Content-Type", "text/plain")], req.path.encode())
+
+        server = Server(handler, 1 << 20)
+        port = await server.start("127.0.0.1", 0)
+        paths = [f"/{'wait' if i % 3 == 0 else 'now'}{i}" for i in range(30)] + [f"/now{i}" for i in range(30, 3000)]
+        data = b"".join(b"POST %s HTTP/1.1\r\nContent-Length: 0\r\n\r\n" % p.encode() for p in paths)
+        out = await _raw(port, data + b"POST /last HTTP/1.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        bodies = [part.rsplit(b"\r\n\r\n", 1)[-1] for part in out.split(b"HTTP/1.1 200 OK")[1:]]
+        assert bodies == [p.encode() for p in paths] + [b"/last"]
+        # a request that finds its connection idle starts in the connection's callback, outside any task (one
+        # parsed after a handler that waited starts in that handler's task, as it ends: no task switch either)
+        first = {path: no_task for path, what, no_task in steps if what == "first"}
+        assert first["/wait0"] and len(first) == len(paths) + 1
+        assert sum(1 for _, what, in_task in steps if what == "after" and in_task) == 10
+        # shutdown cancels a handler that is waiting, inside the handler
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(b"POST /hang HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+        await w.drain()
+        await asyncio.sleep(0.05)
+        await server.shutdown(0.1)
+        assert cancelled == ["/hang"]
+        w.close()
+
+    asyncio.run(main())
