@@ -66,7 +66,7 @@ POOL_LIMITS = {"rpm": 10**7, "itpm": 10**11, "otpm": 10**10}
 
 
 @contextmanager
-def shim_process(upstream: str, valkey_url: str, run: str, **over):
+def shim_process(upstream: str, valkey_url: str, run: str, env_over: dict | None = None, **over):
     if valkey_url:
         r = redis.Redis.from_url(valkey_url)
         r.hset(keys.pool_limits(f"{run}-pool"), mapping=POOL_LIMITS)
@@ -77,7 +77,7 @@ def shim_process(upstream: str, valkey_url: str, run: str, **over):
                "ledger_path": f"{d}/ledger.jsonl", "port_file": f"{d}/port", "valkey_url": valkey_url, **CAPS,
                **over}
         Path(d, "shim.json").write_text(json.dumps(cfg))
-        env = {**os.environ, "SHIM_UPSTREAM_KEY": KEY, "SHIM_LOG_LEVEL": "WARNING",
+        env = {**os.environ, **(env_over or {}), "SHIM_UPSTREAM_KEY": KEY, "SHIM_LOG_LEVEL": "WARNING",
                "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         t0 = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "shim", "--config", f"{d}/shim.json"], cwd=ROOT, env=env)
@@ -330,9 +330,12 @@ def main() -> int:
             with shim_process("http://127.0.0.1:9", args.valkey, run) as (_, proc, ready):
                 readies.append(ready)
         verdict("RSS after the CPU run", f"{rss:.1f} MB", rss <= 50)
-        # in a task the shim always has a results queue: its SQS client (botocore) is loaded once it is ready
+        # in a task the shim always has a results queue: its SQS sender (shim/sqs.py) is loaded and has its
+        # credentials (from the environment here) once it is ready
         with shim_process("http://127.0.0.1:9", args.valkey, run,
-                          results_queue_url="http://127.0.0.1:9/000000000000/bench-never") as (_, proc, _):
+                          results_queue_url="http://127.0.0.1:9/000000000000/bench-never",
+                          env_over={"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+                                    "AWS_REGION": "us-east-1"}) as (_, proc, _):
             time.sleep(3)
             rss_q = rss_mb(proc.pid)
         verdict("RSS with a results queue configured (SQS client loaded, idle)", f"{rss_q:.1f} MB", rss_q <= 50)
