@@ -310,14 +310,14 @@ def main() -> int:
         with simulator_process(instant) as sim, shim_process(sim, args.valkey, run) as (via, proc, _):
             asyncio.run(drive(via, 100, 16))  # warm up
             pers = []
-            for _ in range(3):  # the median of three rounds (one round moves by +-0.05 ms on a noisy VM)
+            for _ in range(5):  # the median of five rounds (one round moves by up to +-0.1 ms on a noisy VM)
                 c0, t0 = cpu_s(proc.pid), time.perf_counter()
                 asyncio.run(drive(via, n, 16))
                 used, wall = cpu_s(proc.pid) - c0, time.perf_counter() - t0
                 pers.append(used / n * 1000)
                 print(f"    {n} calls in {wall:.2f} s ({n / wall:.0f}/s), shim CPU {used:.2f} s")
             per = statistics.median(pers)
-            verdict("shim CPU per call (median of 3 rounds)", f"{per:.3f} ms", per <= 0.3)
+            verdict("shim CPU per call (median of 5 rounds)", f"{per:.3f} ms", per <= 0.3)
             rss = rss_mb(proc.pid)
 
         print("3. pacer admissions/s vs no-op EVALSHA (same Valkey, same client, 64 concurrent)")
