@@ -493,32 +493,18 @@ class _Resumed:
         self.waiting_on = waiting_on
 
     def __await__(self):
-        coro = self.coro
-        try:
-            yield self.waiting_on
-        except BaseException as e:  # noqa: BLE001 - passed on into the coroutine
-            try:
-                step = coro.throw(e)
-            except StopIteration as done:
-                return done.value
-        else:
-            try:
-                step = coro.send(None)
-            except StopIteration as done:
-                return done.value
+        coro, step = self.coro, self.waiting_on
         while True:
             try:
                 value = yield step
             except BaseException as e:  # noqa: BLE001 - passed on into the coroutine
-                try:
-                    step = coro.throw(e)
-                except StopIteration as done:
-                    return done.value
+                resume, arg = coro.throw, e
             else:
-                try:
-                    step = coro.send(value)
-                except StopIteration as done:
-                    return done.value
+                resume, arg = coro.send, value
+            try:
+                step = resume(arg)
+            except StopIteration as done:
+                return done.value
 
 
 Handler = Callable[[Request, Responder], Awaitable[None]]
