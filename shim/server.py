@@ -395,15 +395,6 @@ class Shim:
         # settles and progress go to Valkey in one round trip, after the response (in_flight covers it)
         self._spawn(self._after(call, self._progress_fields()))
 
-    # ------------------------------------------------------------ tickets (shim/gate.py)
-
-    def _ticket_cmd(self, call: Call, i: int = 0) -> tuple:
-        """HOLD+ADMIT for a next call. The next prompt is this one and a turn longer: its hold is sized for
-        half as much again and 16 KiB more; its pool booking is this call's estimate (the settle reconciles it)."""
-        est, _ = self._estimate(call.payload_bytes * 3 // 2 + 16384, call.max_out)
-        return self.gate.ticket_cmd(f"t{i or ''}-{call.call_id}", est,
-                                    self._pace_request(call.payload_bytes, call.max_out))
-
     def _spawn(self, coro) -> None:
         task = asyncio.ensure_future(coro)
         self._bg.add(task)
@@ -435,9 +426,15 @@ class Shim:
                 self._published_at = time.time()
                 cmds += self.gate.expired_cmds()
                 n = len(cmds)
-                if call.hold_id is not None and self.stopped is None and self.ready:
-                    for i in range(self.gate.tickets_wanted(self.in_flight)):
-                        cmd, ticket = self._ticket_cmd(call, i)
+                wanted = (self.gate.tickets_wanted(self.in_flight)
+                          if call.hold_id is not None and self.stopped is None and self.ready else 0)
+                if wanted:
+                    # the next prompt is this one and a turn longer: its hold is sized for half as much again
+                    # and 16 KiB more; its pool booking is this call's estimate (the settle reconciles it)
+                    est, _ = self._estimate(call.payload_bytes * 3 // 2 + 16384, call.max_out)
+                    pace = self._pace_request(call.payload_bytes, call.max_out)
+                    for i in range(wanted):
+                        cmd, ticket = self.gate.ticket_cmd(f"t{i or ''}-{call.call_id}", est, pace)
                         cmds.append(cmd)
                         tickets.append(ticket)
                 try:
