@@ -387,8 +387,13 @@ class _ServerConn(asyncio.Protocol):
             else:
                 take = min(self.body_left, len(self.buf))
                 if take:
-                    self._body(bytes(self.buf[:take]))
-                    del self.buf[:take]
+                    if take == len(self.buf):  # the usual case: one copy, not two (a prompt is 10-200 KB)
+                        part = bytes(self.buf)
+                        self.buf.clear()
+                    else:
+                        part = bytes(self.buf[:take])
+                        del self.buf[:take]
+                    self._body(part)
                     self.body_left -= take
                 if self.body_left:
                     return
@@ -873,14 +878,14 @@ class Upstream:
         """POST with a head from head(): Content-Length and the body are added here. `on_complete(conn)`: called
         from the connection's callback as soon as the whole response is in (status, headers, whole_body()),
         before this returns; what it does not consume, read() still returns."""
-        payload = b"%bContent-Length: %d\r\n\r\n%b" % (head, len(body), body)
+        head = b"%bContent-Length: %d\r\n\r\n" % (head, len(body))  # and the body beside it (one writev, no copy)
         for fresh in (False, True):
             conn = None if fresh else self._get_idle()
             reused = conn is not None
             if conn is None:
                 conn = await self._connect()
             conn.on_complete = on_complete
-            conn.transport.write(payload)
+            conn.transport.writelines((head, body))
             try:
                 while conn.headers is None:
                     if conn.error is not None:
