@@ -147,16 +147,13 @@ class Gate:
 
     # ------------------------------------------------------------ tickets
 
-    def want_ticket(self, in_flight: int) -> bool:
-        """Whether a call ending now should take a ticket: at most one per call in flight (this one included)."""
-        return self.ticket_ttl_s > 0 and len(self.tickets) < in_flight
-
     def tickets_wanted(self, in_flight: int) -> int:
-        """How many tickets a call answered now should ask for: one (want_ticket), and while calls overlap one
-        spare when none is left. Why the spare: with calls overlapping, the next call (often the same caller's,
-        at once) takes the oldest ticket; without a spare that is the one just asked for, still a round trip
-        away. One spare per shim, not per call, so a harness making one call at a time never has one."""
-        if not self.want_ticket(in_flight):
+        """How many tickets a call answered now should ask for: at most one per call in flight (this one
+        included), and while calls overlap one spare when none is left. Why the spare: with calls overlapping,
+        the next call (often the same caller's, at once) takes the oldest ticket; without a spare that is the
+        one just asked for, still a round trip away. One spare per shim, not per call, so a harness making one
+        call at a time never has one."""
+        if self.ticket_ttl_s <= 0 or len(self.tickets) >= in_flight:
             return 0
         return 2 if in_flight > 1 and not self.tickets else 1
 

@@ -3,14 +3,20 @@ Valkey nothing. Every call is still held and booked before it goes; nothing a ti
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 from shimtest import LOCAL_TOKEN
 
 from contract import keys
 from contract.models import AttemptRef
+from shim.caps import ValkeyBudget
+from shim.gate import Gate
+from shim.kv import KV
+from shim.pacer import ValkeyPacer
 
 BODY = {"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "go"}]}
 
@@ -116,13 +122,6 @@ def test_tickets_off(sim, shim, valkey, unique):
 def test_one_spare_ticket_while_calls_overlap_and_none_for_one_call_at_a_time():
     """Gate.tickets_wanted: one ticket per call in flight; a second (the spare) only when calls overlap and no
     ticket is left, so that the next call does not find only the one just asked for, still a round trip away."""
-    import asyncio
-
-    from shim.caps import ValkeyBudget
-    from shim.gate import Gate
-    from shim.kv import KV
-    from shim.pacer import ValkeyPacer
-
     kv = KV("redis://127.0.0.1:6379/0")  # never connects: nothing here is sent
     ref = AttemptRef(run="r", instance_id="repo__repo-1", attempt=1)
     gate = Gate(ValkeyBudget(kv, ref, 1.0, 10.0, 60), ValkeyPacer(kv, "p"), ticket_ttl_s=15)
@@ -142,8 +141,6 @@ def test_one_spare_ticket_while_calls_overlap_and_none_for_one_call_at_a_time():
 def test_overlapping_calls_leave_nothing_held(sim, shim, valkey, unique):
     """Four callers at once, three calls each, back to back (spare tickets are asked for): every call is
     answered, at most one ticket beyond the calls goes unused, and shutdown gives every ticket back."""
-    from concurrent.futures import ThreadPoolExecutor
-
     s = shim(sim(ttft_ms=50), limits={"cost_usd": 5.0}, run_cost_usd=50.0)
     with ThreadPoolExecutor(4) as ex:
         codes = list(ex.map(lambda _: [_post(s).status_code for _ in range(3)], range(4)))
