@@ -38,6 +38,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -75,11 +76,16 @@ class Gated(NamedTuple):
     pace: PaceRequest
 
 
+# what a call asks of the gate: () -> (its worst-case cost in micro-dollars, its pool booking)
+Need = Callable[[], tuple[int, PaceRequest]]
+
+
 @dataclass(slots=True)
 class Ticket:
     hold_id: str
     est_micro: int
     pace: PaceRequest
+    size: tuple[int, int] | None  # the (request bytes, max output tokens) est_micro was computed for
     booked: bool  # the pool booking was made (else: too far ahead; the call admits itself)
     start_at: float  # monotonic: the booked slot
     expires_at: float  # monotonic
@@ -107,12 +113,17 @@ class Gate:
             args.append(room)
         return self.script.cmd(self.keys, args)
 
-    async def hold(self, call_id: str, est_micro: int, pace: PaceRequest) -> Gated:
+    async def hold(self, call_id: object, need: Need, size: tuple[int, int] | None = None) -> Gated:
         """Hold the call's worst case, then admit its first attempt: with a ticket that covers it (no round
-        trip), else with HOLD+ADMIT (giving back, in the same round trip, a ticket that does not cover it)."""
+        trip), else with HOLD+ADMIT (giving back, in the same round trip, a ticket that does not cover it).
+        `need()` is asked only if no ticket covers the call by `size` (its request bytes and max output tokens:
+        a caller whose worst case never shrinks as either grows can say so, and a call no larger than a ticket's
+        is covered without pricing it). `call_id`: its str() is the hold's id."""
+        est_micro = pace = None
         if not self.combined:
-            which = await self.budget.hold(call_id, est_micro)
-            return Gated(which, False, 0.0, False, call_id, pace)
+            est_micro, pace = need()
+            which = await self.budget.hold(str(call_id), est_micro)
+            return Gated(which, False, 0.0, False, str(call_id), pace)
         give_back: list[tuple] = []
         while self.tickets:
             fut = self.tickets.popleft()
@@ -126,13 +137,22 @@ class Gate:
             if t is None:
                 continue
             now = time.monotonic()
-            if now < t.expires_at and est_micro <= t.est_micro:
-                self.stats["used"] += 1
-                if not t.booked:
-                    return Gated(0, False, 0.0, False, t.hold_id, t.pace)
-                return Gated(0, True, max(0.0, (t.start_at - now) * 1000), True, t.hold_id, t.pace)
+            if now < t.expires_at:
+                covers = size is not None and t.size is not None and size[0] <= t.size[0] and size[1] <= t.size[1]
+                if not covers:
+                    if est_micro is None:
+                        est_micro, pace = need()
+                    covers = est_micro <= t.est_micro
+                if covers:
+                    self.stats["used"] += 1
+                    if not t.booked:
+                        return Gated(0, False, 0.0, False, t.hold_id, t.pace)
+                    return Gated(0, True, max(0.0, (t.start_at - now) * 1000), True, t.hold_id, t.pace)
             give_back += self._give_back_cmds(t)
             break  # one ticket per call: the others stay for the calls beside it
+        if est_micro is None:
+            est_micro, pace = need()
+        call_id = str(call_id)
         cmds = [*give_back, self._hold_admit(call_id, est_micro, pace)]
         replies = await self.kv.pipeline(cmds)
         for r in replies[:-1]:
@@ -157,10 +177,12 @@ class Gate:
             return 0
         return 2 if in_flight > 1 and not self.tickets else 1
 
-    def ticket_cmd(self, hold_id: str, est_micro: int, pace: PaceRequest) -> tuple[tuple, _Pending]:
+    def ticket_cmd(self, hold_id: str, est_micro: int, pace: PaceRequest,
+                   size: tuple[int, int] | None = None) -> tuple[tuple, _Pending]:
         """HOLD+ADMIT for a call not yet made (to send in the after-call pipeline), and the pending ticket to
-        resolve with ticket_taken() once the reply is in. `hold_id`: unique within the attempt."""
-        p = _Pending(asyncio.get_running_loop().create_future(), hold_id, est_micro, pace)
+        resolve with ticket_taken() once the reply is in. `hold_id`: unique within the attempt; `size`: what
+        `est_micro` was computed for (see hold)."""
+        p = _Pending(asyncio.get_running_loop().create_future(), hold_id, est_micro, pace, size)
         self.tickets.append(p.fut)
         return self._hold_admit(p.hold_id, est_micro, pace, self.run_room), p
 
@@ -178,8 +200,8 @@ class Gate:
             return
         now = time.monotonic()
         self.stats["taken"] += 1
-        p.fut.set_result(Ticket(p.hold_id, p.est_micro, p.pace, int(ok) == 1, now + float(wait_ms) / 1000,
-                                now + self.ticket_ttl_s))
+        p.fut.set_result(Ticket(p.hold_id, p.est_micro, p.pace, p.size, int(ok) == 1,
+                                now + float(wait_ms) / 1000, now + self.ticket_ttl_s))
 
     def _give_back_cmds(self, t: Ticket) -> list[tuple]:
         self.stats["returned"] += 1
@@ -214,3 +236,4 @@ class _Pending:
     hold_id: str
     est_micro: int
     pace: PaceRequest
+    size: tuple[int, int] | None

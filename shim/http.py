@@ -24,7 +24,9 @@ TimeoutError.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import re
 import ssl as _ssl
 import time
 import zlib
@@ -77,6 +79,19 @@ def _parse_head(head: bytes) -> tuple[str, list[tuple[str, str]]]:
             raise ValueError(f"bad header line {line[:60]!r}")
         raw.append((name, value.strip()))
     return lines[0], raw
+
+
+# A response's header block as received: its lines, each after a CRLF (what follows the status line, up to the
+# blank line). Checked whole with one regex; split into Headers only if someone asks (see Response.headers).
+_BLOCK = re.compile(rb"(?:\r\n[^:\s]+:[^\r]*)*")
+_FRAMING = re.compile(rb"\r\n(content-length|transfer-encoding|connection):([^\r]*)", re.I)
+
+
+def line_filter(names: Iterable[str]) -> Callable[[bytes], bytes]:
+    """A header block -> the same block without the lines of these (lower-case) header names: one regex pass
+    over the bytes, instead of parsing them into pairs and formatting them again."""
+    alternatives = b"|".join(re.escape(n.encode("latin-1")) for n in sorted(names, key=len, reverse=True))
+    return functools.partial(re.compile(rb"\r\n(?:%b):[^\r]*" % alternatives, re.I).sub, b"")
 
 
 class _Chunked:
@@ -134,12 +149,30 @@ class _Chunked:
 
 # =================================================================== server
 
-_HEADS: dict[bytes, tuple[str, str, str, Headers]] = {}  # request heads without Content-Length -> parsed
+class _Head:
+    """A request head, parsed, with what the server reads from it for every request worked out once."""
+
+    __slots__ = ("encoding", "expect_continue", "headers", "keep_alive", "method", "path", "query",
+                 "transfer_encoding", "version")
+
+    def __init__(self, method: str, target: str, version: str, headers: Headers):
+        self.method = method
+        self.path, _, self.query = target.partition("?")
+        self.version = version
+        self.headers = headers
+        conn = headers.get("connection", "").lower()
+        self.keep_alive = "close" not in conn if version == "HTTP/1.1" else "keep-alive" in conn
+        self.transfer_encoding = headers.get("transfer-encoding", "").lower()
+        self.expect_continue = headers.get("expect", "").lower() == "100-continue"
+        self.encoding = headers.get("content-encoding", "").lower().strip()
 
 
-def _request_head(head: bytes) -> tuple[str, str, str, Headers, int | None]:
-    """(method, target, version, headers, Content-Length or None) of a request head; ValueError if malformed.
-    A harness sends the same head call after call but for its Content-Length: parsed once, then looked up."""
+_HEADS: dict[bytes, _Head] = {}  # request heads without Content-Length -> parsed
+
+
+def _request_head(head: bytes) -> tuple[_Head, int | None]:
+    """(the head parsed, its Content-Length or None) of a request head; ValueError if malformed. A harness
+    sends the same head call after call but for its Content-Length: parsed once, then looked up."""
     cl = None
     key = head
     i = head.lower().find(b"\r\ncontent-length:")
@@ -162,30 +195,34 @@ def _request_head(head: bytes) -> tuple[str, str, str, Headers, int | None]:
             raise ValueError("more than one content-length")
         if len(_HEADS) >= 256:
             _HEADS.clear()
-        hit = _HEADS[key] = (method, target, version, headers)
-    return (*hit, cl)
+        hit = _HEADS[key] = _Head(method, target, version, headers)
+    return hit, cl
 
 
 
 class Request:
     __slots__ = ("body", "body_error", "headers", "keep_alive", "method", "path", "query", "too_large", "version")
 
-    def __init__(self, method: str, target: str, version: str, headers: Headers):
-        self.method = method
-        path, _, self.query = target.partition("?")
-        self.path = path
-        self.version = version
-        self.headers = headers
+    def __init__(self, head: _Head):
+        self.method = head.method
+        self.path = head.path
+        self.query = head.query
+        self.version = head.version
+        self.headers = head.headers
+        self.keep_alive = head.keep_alive
         self.body = b""
         self.too_large = False
         self.body_error: str | None = None
-        conn = headers.get("connection", "").lower()
-        self.keep_alive = "close" not in conn if version == "HTTP/1.1" else "keep-alive" in conn
 
 
-def _head(status: int, headers: Iterable[tuple[str, str]], extra: str, close: bool) -> bytes:
+def _head(status: int, headers: Iterable[tuple[str, str]] | Mapping[str, str] | bytes, extra: str,
+          close: bool) -> bytes:
+    """A response head. `headers`: (name, value) pairs, a mapping, or a header block (see _BLOCK) as bytes."""
+    if isinstance(headers, bytes):
+        return b"HTTP/1.1 %d %s%b\r\n%s%s\r\n\r\n" % (status, _REASONS.get(status, "Unknown").encode(), headers,
+                                                      extra.encode(), b"\r\nConnection: close" if close else b"")
     lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}"]
-    lines += [f"{k}: {v}" for k, v in headers]
+    lines += [f"{k}: {v}" for k, v in (headers.items() if isinstance(headers, Mapping) else headers)]
     lines.append(extra)
     if close:
         lines.append("Connection: close")
@@ -206,28 +243,29 @@ class Responder:
         self.chunked = False
         self.status = 0
 
-    def _headers(self, headers) -> Iterable[tuple[str, str]]:
-        return headers.items() if isinstance(headers, Mapping) else headers
-
     def send(self, status: int, headers, body: bytes) -> None:
-        """The whole answer in one write. ConnectionError if the client is gone."""
+        """The whole answer in one write. ConnectionError if the client is gone. `headers`: as for _head."""
         if self.started:
             raise RuntimeError("response already started")
         self.started = self.done = True
         self.status = status
         close = not self._req.keep_alive or self._conn.closing
-        head = _head(status, self._headers(headers), f"Content-Length: {len(body)}", close)
+        head = _head(status, headers, f"Content-Length: {len(body)}", close)
         self._conn.write(head if self._req.method == "HEAD" else head + body)  # HEAD: no body
         self._conn.response_done(close)
 
-    def begin(self, status: int, headers) -> None:
-        """A chunked answer: headers now (sent with the first write), data with put() / write(), finish()."""
+    def chunked_head(self, status: int, headers) -> bytes:
+        """The head begin() sends, built ahead (a stream builds it while it waits for its first content)."""
+        return _head(status, headers, "Transfer-Encoding: chunked", not self._req.keep_alive)
+
+    def begin(self, status: int, headers=None, head: bytes | None = None) -> None:
+        """A chunked answer: headers now (sent with the first write), data with put() / write(), finish().
+        `head`: chunked_head(status, headers), built ahead."""
         if self.started:
             raise RuntimeError("response already started")
         self.started = self.chunked = True
         self.status = status
-        self._pending = _head(status, self._headers(headers), "Transfer-Encoding: chunked",
-                              not self._req.keep_alive)
+        self._pending = head if head is not None else self.chunked_head(status, headers)
 
     def put(self, data: bytes) -> bool:
         """Write a chunk now (from a callback); True if the client is not keeping up (see on_resume).
@@ -266,6 +304,7 @@ class _ServerConn(asyncio.Protocol):
         self.body_left = 0
         self.body_parts: list[bytes] = []
         self.body_size = 0
+        self.encoding = ""  # of the request whose body is being read
         self.chunked: _Chunked | None = None
         self.busy = False  # a handler is running
         self.closed = False
@@ -350,11 +389,10 @@ class _ServerConn(asyncio.Protocol):
                 if not head.strip():
                     continue  # stray CRLFs between requests
                 try:
-                    method, target, version, headers, cl = _request_head(head)
-                    req = Request(method, target, version, headers)
-                    te = headers.get("transfer-encoding", "").lower()
-                    if te:
-                        if te != "chunked":
+                    parsed, cl = _request_head(head)
+                    req = Request(parsed)
+                    if parsed.transfer_encoding:
+                        if parsed.transfer_encoding != "chunked":
                             raise ValueError("unsupported transfer-encoding")
                         self.chunked = _Chunked()
                         self.body_left = -1
@@ -365,8 +403,9 @@ class _ServerConn(asyncio.Protocol):
                     self._bad(str(e))
                     return
                 self.req = req
+                self.encoding = parsed.encoding
                 self.body_parts, self.body_size = [], 0
-                if headers.get("expect", "").lower() == "100-continue":
+                if parsed.expect_continue:
                     try:
                         self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                     except ConnectionError:
@@ -400,9 +439,8 @@ class _ServerConn(asyncio.Protocol):
             self.req = None
             if not req.too_large:
                 req.body = b"".join(self.body_parts)
-                enc = req.headers.get("content-encoding", "").lower().strip()
-                if enc and enc != "identity":
-                    req.body = self._decode(req, enc)
+                if self.encoding and self.encoding != "identity":
+                    req.body = self._decode(req, self.encoding)
             self.body_parts = []
             self.busy = True
             if not self._start(req):
@@ -581,7 +619,7 @@ class _ClientConn(asyncio.Protocol):
         self.on_end: Callable[[], None] | None = None
         self.on_complete: Callable[[_ClientConn], None] | None = None  # see Upstream.post_head
         self.status = 0
-        self.headers: Headers | None = None
+        self.block: bytes | None = None  # the header block (see _BLOCK), once the head is in
         self.body: deque[bytes] = deque()
         self.queued = 0
         self.body_left = 0  # -1: until close
@@ -597,10 +635,10 @@ class _ClientConn(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.closed = True
-        if self.headers is not None and self.body_left == -1 and not self.complete:
+        if self.block is not None and self.body_left == -1 and not self.complete:
             self.complete = True  # a body delimited by the connection's end
         elif not self.complete:
-            self.error = UpstreamPayloadError("upstream closed the connection") if self.headers is not None \
+            self.error = UpstreamPayloadError("upstream closed the connection") if self.block is not None \
                 else UpstreamConnectError("upstream closed the connection")
         self._deliver()
         self._wake()
@@ -636,36 +674,41 @@ class _ClientConn(asyncio.Protocol):
             on_end()
 
     def _parse(self) -> None:
-        if self.headers is None:
+        if self.block is None:
             end = self.buf.find(b"\r\n\r\n")
             if end < 0:
                 if len(self.buf) > MAX_HEAD_BYTES:
                     raise ValueError("head too large")
                 return
-            first, raw = _parse_head(bytes(self.buf[:end]))
+            head = bytes(self.buf[:end])
             del self.buf[:end + 4]
-            version, _, rest = first.partition(" ")
+            i = head.find(b"\r\n")
+            first, block = (head, b"") if i < 0 else (head[:i], head[i:])
+            if _BLOCK.fullmatch(block) is None:
+                raise ValueError("bad header line")
+            version, _, rest = first.partition(b" ")
             status = int(rest[:3])
             if 100 <= status < 200:  # an interim answer (100 Continue): the real one follows
                 self._parse()
                 return
             self.status = status
-            self.headers = Headers(raw)
-            conn = self.headers.get("connection", "").lower()
-            self.keep_alive = "close" not in conn if version == "HTTP/1.1" else "keep-alive" in conn
-            te = self.headers.get("transfer-encoding", "").lower()
+            self.block = block
+            # the framing headers only (the last of a name wins, as in Headers); the rest stays a block
+            framing = {name.lower(): value.strip() for name, value in _FRAMING.findall(block)}
+            conn = framing.get(b"connection", b"").lower()
+            self.keep_alive = b"close" not in conn if version == b"HTTP/1.1" else b"keep-alive" in conn
             if self.no_body or status in (204, 304):
                 self.body_left = 0
-            elif "chunked" in te:
+            elif b"chunked" in framing.get(b"transfer-encoding", b"").lower():
                 self.chunked = _Chunked()
-            elif self.headers.get("content-length") is not None:
-                self.body_left = int(self.headers["content-length"])
+            elif b"content-length" in framing:
+                self.body_left = int(framing[b"content-length"])
             else:
                 self.body_left = -1
                 self.keep_alive = False
             if self.chunked is None and self.body_left == 0:
                 self.complete = True
-        if self.headers is None or self.complete:
+        if self.block is None or self.complete:
             return
         if self.chunked is not None:
             parts, done, used = self.chunked.feed(self.buf)
@@ -756,13 +799,21 @@ class _Body:
 
 
 class Response:
-    __slots__ = ("_conn", "_pool", "headers", "status")
+    __slots__ = ("_conn", "_headers", "_pool", "block", "status")
 
     def __init__(self, conn: _ClientConn, pool: Upstream):
         self._conn = conn
         self._pool = pool
         self.status = conn.status
-        self.headers = conn.headers
+        self.block: bytes = conn.block  # the header block as received (see _BLOCK)
+        self._headers: Headers | None = None
+
+    @property
+    def headers(self) -> Headers:
+        """Parsed on first use: a 200 goes to the harness as its block, filtered (line_filter)."""
+        if self._headers is None:
+            self._headers = Headers(_parse_head(self.block)[1])
+        return self._headers
 
     @property
     def content_type(self) -> str:
@@ -887,7 +938,7 @@ class Upstream:
             conn.on_complete = on_complete
             conn.transport.writelines((head, body))
             try:
-                while conn.headers is None:
+                while conn.block is None:
                     if conn.error is not None:
                         raise conn.error
                     if conn.closed:

@@ -59,14 +59,15 @@ class Progress:
             flat += (k, "" if v is None else v)
         return [("HSET", self.key, *flat), ("EXPIRE", self.key, keys.PROGRESS_TTL_S)]
 
-    def discovered(self, headers: Mapping[str, str], force: bool = False) -> dict[str, str] | None:
-        """The rate-limit headers to record now (at most once a minute, or on a 429), or None."""
+    def discovered(self, source, force: bool = False) -> dict[str, str] | None:
+        """The rate-limit headers to record now (at most once a minute, or on a 429), or None. `source`: the
+        headers, or what has them as `.headers` (a shim.http.Response, whose headers are parsed only if due)."""
         if self.redis is None:
             return None
         now = time.monotonic()
         if not force and now - self._last_discovery < DISCOVERY_EVERY_S:
             return None
-        found = rate_limit_headers(headers)
+        found = rate_limit_headers(source if isinstance(source, Mapping) else source.headers)
         if not found:
             return None
         self._last_discovery = now

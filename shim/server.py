@@ -19,12 +19,13 @@ from shim.caps import ATTEMPT_CAP, Budget, LocalBudget, ValkeyBudget, micro
 from shim.config import ShimConfig
 from shim.gate import Gate
 from shim.http import (
-    Headers,
     Request,
     Responder,
+    Response,
     Server,
     Upstream,
     UpstreamError,
+    line_filter,
 )
 from shim.kv import KV, as_kv
 from shim.ledger import Ledger
@@ -64,9 +65,14 @@ _JSON = ("Content-Type", "application/json")
 _UPSTREAM_ERRORS = (UpstreamError, TimeoutError, OSError)
 
 
-def _down_headers(headers: Headers) -> list[tuple[str, str]]:
-    """An upstream answer's headers as the harness gets them (hop-by-hop ones dropped)."""
-    return [(k, v) for k, v in headers.raw if k.lower() not in _HOP]
+# an upstream answer's header block (shim/http.py) as the harness gets it: hop-by-hop lines dropped
+_down_block = line_filter(_HOP)
+
+
+def _rates_grow(price: pricing.Price) -> bool:
+    """Whether each pricing tier's input and output rates are at least those of the tier below it."""
+    rates = [price.base, *(r for _, r in price.tiers)]
+    return all(b.input >= a.input and b.output >= a.output for a, b in zip(rates, rates[1:]))
 
 
 @dataclass
@@ -119,10 +125,11 @@ class Call:
     resp: Responder | None = None  # how this call answers the harness
     answered: bool = False  # a non-stream 200 already handed to the harness (answer_now)
 
-    def answer(self, headers: Headers, body: bytes) -> None:
+    def answer(self, block: bytes, body: bytes) -> None:
+        """`block`: the upstream answer's header block (Response.block)."""
         self.answered = True
         try:
-            self.resp.send(200, _down_headers(headers), body)
+            self.resp.send(200, _down_block(block), body)
         except ConnectionError:
             pass  # the harness went away; the call happened and is recorded as answered
 
@@ -130,7 +137,7 @@ class Call:
         """Upstream.post_head's on_complete: a 200 goes to the harness at once (anything else is the handler's
         to decide: retry or pass through)."""
         if conn.status == 200:
-            self.answer(conn.headers, conn.whole_body())
+            self.answer(conn.block, conn.whole_body())
 
 
 class Shim:
@@ -149,6 +156,9 @@ class Shim:
         self.cache_share = 0.0  # cache-read share of the last metered prompt (Anthropic ITPM estimate)
         self.backoff = Backoff(cfg.backoff_base_s, cfg.backoff_cap_s, cfg.max_retry_after_s)
         self.price = self._load_price()
+        # a ticket covers a call no larger than the one it was sized for, without pricing it (Gate.hold): so
+        # long as a larger prompt never has lower rates (no pricing tier is cheaper than the one below it)
+        self._sized = self.price is None or _rates_grow(self.price)
         self.ledger = Ledger(
             cfg.ledger_path, cfg.ref, cfg.results_queue_url, cfg.batch_size, cfg.batch_interval_s
         )
@@ -431,10 +441,12 @@ class Shim:
                 if wanted:
                     # the next prompt is this one and a turn longer: its hold is sized for half as much again
                     # and 16 KiB more; its pool booking is this call's estimate (the settle reconciles it)
-                    est, _ = self._estimate(call.payload_bytes * 3 // 2 + 16384, call.max_out)
+                    size = (call.payload_bytes * 3 // 2 + 16384, call.max_out)
+                    est, _ = self._estimate(*size)
                     pace = self._pace_request(call.payload_bytes, call.max_out)
                     for i in range(wanted):
-                        cmd, ticket = self.gate.ticket_cmd(f"t{i or ''}-{call.call_id}", est, pace)
+                        cmd, ticket = self.gate.ticket_cmd(f"t{i or ''}-{call.call_id}", est, pace,
+                                                           size if self._sized else None)
                         cmds.append(cmd)
                         tickets.append(ticket)
                 try:
@@ -502,9 +514,10 @@ class Shim:
         if not isinstance(max_out, int) or max_out <= 0:
             max_out = min((self.price.max_output_tokens if self.price else None) or DEFAULT_MAX_OUTPUT,
                           DEFAULT_MAX_OUTPUT)
-        est, pace = self._estimate(len(payload), max_out)
+        nbytes = len(payload)
         try:
-            which, ok, wait_ms, answered, hold_id, pace = await self.gate.hold(str(call.call_id), est, pace)
+            which, ok, wait_ms, answered, hold_id, pace = await self.gate.hold(
+                call.call_id, lambda: self._estimate(nbytes, max_out), (nbytes, max_out))
         except Exception as e:  # noqa: BLE001 - any store failure is answered the same way
             self.turns -= 1
             log.error("budget hold failed: %s", type(e).__name__)
@@ -520,6 +533,7 @@ class Shim:
         return await self._forward(request, call, payload, pace, first)
 
     def _estimate(self, nbytes: int, max_out: int) -> tuple[int, PaceRequest]:
+        # never less for more bytes or more max_out (tickets rely on it when _sized: see Gate.hold)
         """A call's worst-case cost (micro-dollars) for its budget hold, and what it books with the pool."""
         est_in = (nbytes + 2) // 3  # generous: JSON overhead, ~3 bytes per token at worst
         if self.price:
@@ -600,13 +614,13 @@ class Shim:
                     if resp.status == 429:
                         await self._throttled(pace, resp.headers, data)
                     await self._pace_settle(pace, None)
-                    self._discover(resp.headers, force=resp.status == 429)
+                    self._discover(resp, force=resp.status == 429)
                     if retryable_status(resp.status, data):
                         last = _Retry(resp.status, resp.headers, data, resp.content_type)
                         log.info("upstream %d (attempt %d), retrying", resp.status, attempt)
                         continue
                     return self._pass(call, resp.status, resp.headers, data, "error")
-                self._discover(resp.headers)
+                self._discover(resp)
                 if not call.stream:
                     try:
                         data = await resp.read()
@@ -619,7 +633,7 @@ class Shim:
                     call.http_status = 200
                     # hand it to the harness first: metering, the ledger row and the settles come after
                     if not call.answered:
-                        call.answer(resp.headers, data)
+                        call.answer(resp.block, data)
                     used = self._account(call, usage_from_body(call.kind, data), estimated=False)
                     call.final_pace = (pace, used)
                     return None
@@ -635,9 +649,9 @@ class Shim:
         log.warning("upstream exhausted after %d attempts (last %d)", self.cfg.max_attempts, last.status)
         return self._pass(call, last.status, last.headers, last.body, "upstream_exhausted")
 
-    def _discover(self, headers, force: bool = False) -> None:
+    def _discover(self, resp: Response, force: bool = False) -> None:
         """Record the pool's rate-limit headers (at most once a minute, or on a 429), off the call's path."""
-        found = self.progress.discovered(headers, force)
+        found = self.progress.discovered(resp, force)
         if found:
             self._spawn(self.progress.record(found))
 
@@ -706,7 +720,7 @@ class Shim:
     async def _stream(self, request: Request, call: Call, resp, pace: PaceRequest):
         """Relay a stream (shim/stream.py: held back until its first content event, then passed on as it
         arrives, from the upstream connection's callback); meter it; a _Retry if it failed before content."""
-        relay = StreamRelay(call.kind, resp, call.resp, _down_headers(resp.headers),
+        relay = StreamRelay(call.kind, resp, call.resp, _down_block(resp.block),
                             self.cfg.max_stream_buffer_bytes)
         relay.start()
         meter = relay.meter

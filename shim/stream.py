@@ -27,13 +27,13 @@ CLIENT_GONE = "client disconnected"
 
 
 class StreamRelay:
-    def __init__(self, kind: str, upstream: Response, out: Responder, down_headers: list[tuple[str, str]],
-                 max_buffer: int):
+    def __init__(self, kind: str, upstream: Response, out: Responder, down_headers: bytes, max_buffer: int):
         self.meter = StreamMeter(kind)
         self.split = SSESplitter()
         self.upstream = upstream
         self.out = out
-        self.down_headers = down_headers
+        # the harness's head, built now: the first content event, when it goes out, is what the harness waits for
+        self.head = out.chunked_head(200, down_headers)
         self.max_buffer = max_buffer
         self.phase = "hold"
         self.held: list[bytes] = []
@@ -95,7 +95,7 @@ class StreamRelay:
 
     def _commit(self) -> None:
         """From here on the harness has bytes and the call cannot be retried."""
-        self.out.begin(200, self.down_headers)
+        self.out.begin(200, head=self.head)
         data = b"".join(self.held)
         self.held = []
         if self.meter.done or self.meter.error is not None:

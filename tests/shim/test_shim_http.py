@@ -173,11 +173,12 @@ def test_request_heads_are_parsed_once_per_header_set():
 
     a = b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 12\r\nX-Api-Key: k"
     b = b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 9999\r\nX-Api-Key: k"
-    ma, _, _, ha, cla = _request_head(a)
-    _, _, _, hb, clb = _request_head(b)
-    assert (ma, cla, clb) == ("POST", 12, 9999) and ha is hb  # one parse, shared
-    assert "content-length" not in ha and ha["x-api-key"] == "k"
-    assert _request_head(b"POST / HTTP/1.1\r\nHost: y")[3] is not ha
+    pa, cla = _request_head(a)
+    pb, clb = _request_head(b)
+    assert (pa.method, pa.path, cla, clb) == ("POST", "/v1/messages", 12, 9999) and pa is pb  # one parse, shared
+    assert "content-length" not in pa.headers and pa.headers["x-api-key"] == "k"
+    assert pa.keep_alive and not pa.transfer_encoding and not pa.expect_continue
+    assert _request_head(b"POST / HTTP/1.1\r\nHost: y")[0] is not pa
     for bad in (b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2",
                 b"POST / HTTP/1.1\r\ncontent-length: -1", b"POST / HTTP/1.1\r\nContent-Length: 1e3",
                 b"P@ST / HTTP/1.1\r\nHost: x", b"POST / HTTP/1.1 extra\r\nHost: x"):

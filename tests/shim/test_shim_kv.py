@@ -126,12 +126,12 @@ def test_gate_holds_and_admits_in_one_script(valkey_url, valkey, unique, client)
         gate, budget, _ = _gate(kv, unique, acap=0.0001, rcap=None, rpm=60)
         assert gate.combined
         req = PaceRequest(f"{unique}-pool", 10, 10)
-        assert await gate.hold("c1", 60, req) == (0, True, 0.0, True, "c1", req)  # held, admitted at once
-        which, ok, wait_ms, answered, _, _ = await gate.hold("c2", 30, req)  # held, booked a second ahead
+        assert await gate.hold("c1", lambda: (60, req)) == (0, True, 0.0, True, "c1", req)  # held, admitted at once
+        which, ok, wait_ms, answered, _, _ = await gate.hold("c2", lambda: (30, req))  # held, booked a second ahead
         assert (which, ok, answered) == (0, True, True) and 900 <= wait_ms <= 1000
         tat = valkey.hget(keys.pool_pacer(f"{unique}-pool"), "rpm")
         # the attempt cap (100 micro-dollars) has 10 left: refused, and the pool's booking is untouched
-        assert await gate.hold("c3", 20, req) == (ATTEMPT_CAP, False, 0.0, False, "c3", req)
+        assert await gate.hold("c3", lambda: (20, req)) == (ATTEMPT_CAP, False, 0.0, False, "c3", req)
         assert valkey.hget(keys.pool_pacer(f"{unique}-pool"), "rpm") == tat
         h = valkey.hgetall(keys.attempt_budget(AttemptRef(run=unique, instance_id="a", attempt=1)))
         assert int(h[b"held"]) == 90 and b"hold:c3" not in h
@@ -151,15 +151,15 @@ def test_gate_refusal_by_run_cap_and_far_bookings(valkey_url, valkey, unique):
         kv = KV(valkey_url)
         gate, _, pacer = _gate(kv, unique, acap=None, rcap=0.00005, rpm=60, max_wait_s=0.5)
         req = PaceRequest(f"{unique}-pool", 0, 0)
-        assert await gate.hold("r1", 50, req) == (0, True, 0.0, True, "r1", req)
-        assert (await gate.hold("r2", 1, req))[0] == RUN_CAP
+        assert await gate.hold("r1", lambda: (50, req)) == (0, True, 0.0, True, "r1", req)
+        assert (await gate.hold("r2", lambda: (1, req)))[0] == RUN_CAP
         assert valkey.hget(keys.pool_pacer(f"{unique}-pool"), "rpm") is not None
         # a second gate on another run: held, but the pool is booked further ahead than max_wait: not booked;
         # the caller sleeps until it fits and asks ADMIT again (ValkeyPacer.admitted)
         gate2, _, pacer2 = _gate(kv, unique + "b", acap=None, rcap=None, rpm=60, max_wait_s=0.5)
         gate2.keys[4:] = pacer2.keys = pacer.keys  # the same pool
         tat = valkey.hget(keys.pool_pacer(f"{unique}-pool"), "rpm")
-        which, ok, wait_ms, answered, _, _ = await gate2.hold("x1", 0, req)  # the pool is booked ~1 s ahead
+        which, ok, wait_ms, answered, _, _ = await gate2.hold("x1", lambda: (0, req))  # the pool is booked ~1 s ahead
         assert which == 0 and answered and not ok and wait_ms > 500
         assert valkey.hget(keys.pool_pacer(f"{unique}-pool"), "rpm") == tat  # nothing booked
         t0 = time.monotonic()

@@ -14,9 +14,9 @@ from shimtest import LOCAL_TOKEN
 from contract import keys
 from contract.models import AttemptRef
 from shim.caps import ValkeyBudget
-from shim.gate import Gate
+from shim.gate import Gate, Ticket
 from shim.kv import KV
-from shim.pacer import ValkeyPacer
+from shim.pacer import PaceRequest, ValkeyPacer
 
 BODY = {"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "go"}]}
 
@@ -136,6 +136,39 @@ def test_one_spare_ticket_while_calls_overlap_and_none_for_one_call_at_a_time():
     finally:
         loop.close()
     assert Gate(ValkeyBudget(kv, ref, 1.0, 10.0, 60), ValkeyPacer(kv, "p"), ticket_ttl_s=0).tickets_wanted(3) == 0
+
+
+def test_a_call_no_larger_than_its_ticket_is_covered_without_pricing_it():
+    """Gate.hold asks for the call's worst case (need()) only when the ticket's size does not settle it: a call
+    with no more request bytes and max output than the ticket was sized for is covered as it is; a call larger
+    by one measure, or on a ticket without a size, is priced, and covered because its cost fits."""
+    kv = KV("redis://127.0.0.1:6379/0")  # never connects: every call here goes on a ticket
+    ref = AttemptRef(run="r", instance_id="repo__repo-1", attempt=1)
+    gate = Gate(ValkeyBudget(kv, ref, 1.0, 10.0, 60), ValkeyPacer(kv, "p"), ticket_ttl_s=15)
+    pace = PaceRequest("p", 100, 50)
+    priced: list[int] = []
+
+    def need(cost: int):
+        def f():
+            priced.append(cost)
+            return cost, pace
+        return f
+
+    async def main() -> list:
+        out = []
+        # (the call's size, its cost if priced, the ticket's size); every ticket holds 1000
+        for size, cost, ticket_size in (((1000, 50), 10**9, (1000, 50)), ((1000, 60), 500, (1000, 50)),
+                                        ((900, 50), 800, None)):
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_result(Ticket("t", 1000, pace, ticket_size, False, 0.0, time.monotonic() + 15))
+            gate.tickets.append(fut)
+            out.append(await gate.hold("c", need(cost), size))
+        return out
+
+    gated = asyncio.run(main())
+    assert [(g.which, g.hold_id) for g in gated] == [(0, "t")] * 3  # all three on their tickets
+    assert priced == [500, 800]  # the first (no larger than its ticket) never priced: 10**9 would not fit
+    assert gate.stats["used"] == 3
 
 
 def test_overlapping_calls_leave_nothing_held(sim, shim, valkey, unique):
