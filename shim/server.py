@@ -99,6 +99,7 @@ class _Ids:
 
 
 _new_id = _Ids()
+_NO_USAGE = Usage()
 
 
 @dataclass(slots=True)
@@ -111,7 +112,7 @@ class Call:
     stream: bool = False
     http_status: int = 0
     outcome: str = "ok"
-    usage: Usage = field(default_factory=Usage)
+    usage: Usage | None = None  # None until metered
     raw_usage: dict[str, Any] | None = None
     estimated: bool = False
     cost: float = 0.0
@@ -119,7 +120,7 @@ class Call:
     pacer_wait_ms: float = 0.0
     payload_bytes: int = 0
     max_out: int = 0
-    raws: list[dict[str, Any] | None] = field(default_factory=list)  # raw usage of each metered attempt
+    raws: tuple[dict[str, Any] | None, ...] = ()  # raw usage of each metered attempt
     hold_id: str | None = None  # a budget hold to settle once the call is over
     final_pace: tuple[PaceRequest, Usage | None] | None = None  # the last attempt's pacer settle, likewise
     resp: Responder | None = None  # how this call answers the harness
@@ -382,7 +383,7 @@ class Shim:
         progress in the background. A successful response has already been handed to the client here."""
         self.last_call_at = time.time()
         self.retries += call.retries
-        u = call.usage
+        u = call.usage or _NO_USAGE
         ref = self.cfg.ref
         # contract.models.CallRecord's fields and JSON shape
         row = self.ledger.append({
@@ -570,6 +571,8 @@ class Shim:
                      headers: tuple = NO_RETRY) -> None:
         call.http_status = status
         call.outcome = outcome
+        if call.resp.started:
+            return self._end_stream(call, json.dumps(error_body(call.kind, etype, message)).encode())
         self._json(call.resp, error_body(call.kind, etype, message), status, headers)
 
     def _upstream_headers(self, request: Request, kind: str) -> list[tuple[str, str]]:
@@ -677,6 +680,8 @@ class Shim:
     def _pass(self, call: Call, status: int, headers, body: bytes, outcome: str) -> None:
         call.http_status = status
         call.outcome = outcome
+        if call.resp.started:
+            return self._end_stream(call, body)
         h = [(k, v) for k, v in headers.items() if k.lower() not in _HOP and k.lower() != "x-should-retry"]
         h.append(("x-should-retry", "false"))
         if not any(k.lower() == "content-type" for k, _ in h):
@@ -698,10 +703,10 @@ class Shim:
         return usage
 
     def _add(self, call: Call, usage: Usage, raw: dict[str, Any] | None, estimated: bool) -> None:
-        call.raws.append(raw)
-        call.usage = call.usage + usage
+        call.raws += (raw,)
+        call.usage = usage if call.usage is None else call.usage + usage
         # the last attempt's usage verbatim; earlier billed attempts (retried after a cut) listed beside it
-        call.raw_usage = raw if len(call.raws) == 1 else {**(raw or {}), "evalplane_prior_attempts": call.raws[:-1]}
+        call.raw_usage = raw if len(call.raws) == 1 else {**(raw or {}), "evalplane_prior_attempts": list(call.raws[:-1])}
         call.estimated = call.estimated or estimated
         call.cost = round(call.cost + (self.price.cost(usage) if self.price else 0.0), 9)
         prompt = usage.input_tokens + usage.cached_tokens + usage.cache_write_tokens
@@ -768,6 +773,25 @@ class Shim:
                 pass
         call.final_pace = (pace, used)
         return None
+
+    def _end_stream(self, call: Call, body: bytes) -> None:
+        """An error for a stream whose head the harness already has (its retries failed before any content):
+        the stream ends with it as an error event, as a provider ends a stream that fails (both SDKs raise on
+        it). The ledger row keeps the error's status."""
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict) or not isinstance(doc.get("error"), dict):
+            doc = error_body(call.kind, "api_error", body.decode("utf-8", "replace")[:500] or "upstream error")
+        if call.kind == MESSAGES:
+            event = b"event: error\ndata: " + json.dumps({"type": "error", "error": doc["error"]}).encode() + b"\n\n"
+        else:
+            event = b"data: " + json.dumps({"error": doc["error"]}).encode() + b"\n\n"
+        try:
+            call.resp.finish(event)
+        except ConnectionError:
+            pass
 
     @staticmethod
     def _sse_error(kind: str, message: str) -> bytes:

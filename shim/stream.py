@@ -5,10 +5,14 @@ of a stream (wake a future, resume a coroutine through an async iterator) was ab
 between a chunk arriving and it going out. Here each piece is split into events, metered and written in the
 callback that received it; the handler task only waits for the outcome.
 
-Phases: `hold` (the stream is held back until its first content event, so that a failure before it can be
-retried without the harness seeing anything), `relay` (committed: pieces go out as they arrive), `drain` (the
-final or error event went out with the end of the answer; the rest is read for the meter only). The handler
-reads `outcome` once `finished` is done:
+The harness gets the answer's head (200, text/event-stream) as soon as the first upstream attempt's head is in:
+its time to first byte is the provider's. The events are held back until the first content event, so that a
+failure before it can be retried without the harness seeing any of them: a retried attempt's events follow
+the same head (and if every attempt fails, the error ends that stream as an error event; shim/server.py).
+
+Phases: `hold` (events held back until the first content event), `relay` (committed: pieces go out as they
+arrive), `drain` (the final or error event went out with the end of the answer; the rest is read for the meter
+only). The handler reads `outcome` once `finished` is done:
   retry_early  the stream broke or ended before any content (`failure` says how)
   retry_error  an error event came before any content and it is worth retrying (e.g. overloaded)
   cut          committed, then the client went away or the upstream broke or ended early (`failure`)
@@ -32,8 +36,7 @@ class StreamRelay:
         self.split = SSESplitter()
         self.upstream = upstream
         self.out = out
-        # the harness's head, built now: the first content event, when it goes out, is what the harness waits for
-        self.head = out.chunked_head(200, down_headers)
+        self.down_headers = down_headers
         self.max_buffer = max_buffer
         self.phase = "hold"
         self.held: list[bytes] = []
@@ -46,6 +49,13 @@ class StreamRelay:
         self.held_back = False  # upstream reading is paused until the harness catches up
 
     def start(self) -> None:
+        if not self.out.started:  # the first attempt's head goes to the harness now (a retry's does not)
+            try:
+                self.out.begin(200, self.down_headers)
+            except ConnectionError:
+                self.failure = CLIENT_GONE
+                self._finish("cut")
+                return
         self.upstream.relay(self.feed, self.on_end)
 
     # ------------------------------------------------------------ callbacks
@@ -94,8 +104,7 @@ class StreamRelay:
     # ------------------------------------------------------------ steps
 
     def _commit(self) -> None:
-        """From here on the harness has bytes and the call cannot be retried."""
-        self.out.begin(200, head=self.head)
+        """From here on the harness has events and the call cannot be retried."""
         data = b"".join(self.held)
         self.held = []
         if self.meter.done or self.meter.error is not None:

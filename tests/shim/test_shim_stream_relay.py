@@ -8,7 +8,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import anthropic
 import httpx
+import pytest
 from aiohttp import web
 from shimtest import ANTHROPIC_OK, LOCAL_TOKEN, anthropic_stream, sse
 
@@ -137,3 +139,51 @@ def test_an_upstream_stalled_before_content_is_retried_unseen(shim):
     assert row["outcome"] == "ok" and row["retries"] == 1 and count[0] == 2
     # the stalled attempt may have been billed for its prompt: metered, and marked estimated
     assert row["usage_estimated"] is True and row["input_tokens"] == 22
+
+
+def test_the_head_goes_at_once_and_the_events_wait_for_content(shim):
+    """The harness's time to first byte is the provider's: the head (200, event-stream) goes as soon as the
+    upstream's is in, while the preamble events wait for the first content event."""
+    async def slow(resp: web.StreamResponse) -> None:
+        await resp.write(_preamble())
+        await asyncio.sleep(1.0)
+        await resp.write(_delta("late") + _END)
+
+    with upstream([slow]) as (url, _):
+        s = shim(url)
+        t0 = time.monotonic()
+        with httpx.Client(timeout=30) as c, c.stream("POST", f"{s.base}/v1/messages", json=STREAM,
+                                                      headers={"x-api-key": LOCAL_TOKEN}) as r:
+            head_at = time.monotonic() - t0
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            parts = r.iter_raw()
+            first = next(parts)
+            first_at = time.monotonic() - t0
+            body = first + b"".join(parts)
+    assert head_at < 0.6 and first_at >= 0.9, (head_at, first_at)  # events only with the content
+    assert first.startswith(b"event: message_start") and b"late" in first  # the preamble came with it
+    assert body.rstrip().endswith(b'{"type": "message_stop"}')
+    (row,) = s.rows()
+    assert row["outcome"] == "ok" and row["http_status"] == 200 and row["output_tokens"] == 7
+
+
+def test_a_stream_whose_retries_all_fail_before_content_ends_with_the_error_event(shim):
+    """Every attempt fails before content (an overloaded error event): the harness already has the 200 head,
+    so the last error ends the stream as an error event (the SDKs raise on it); no attempt's events leak."""
+    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+
+    async def fail(resp: web.StreamResponse) -> None:
+        await resp.write(_preamble() + sse("error", overloaded))
+
+    with upstream([fail]) as (url, count):
+        s = shim(url, max_attempts=3, backoff_base_s=0.01)
+        with httpx.Client(timeout=30) as c:
+            r = c.post(f"{s.base}/v1/messages", json=STREAM, headers={"x-api-key": LOCAL_TOKEN})
+        with pytest.raises(anthropic.APIError, match="Overloaded"), s.anthropic().messages.stream(
+                model="m", max_tokens=100, messages=[{"role": "user", "content": "go"}]) as st:
+            st.get_final_text()
+    assert r.status_code == 200 and b"message_start" not in r.content
+    assert r.content.count(b"event: error") == 1 and b"overloaded_error" in r.content
+    assert count[0] == 6  # three attempts for each of the two calls
+    rows = s.rows()
+    assert [(row["outcome"], row["http_status"], row["retries"]) for row in rows] == [("upstream_exhausted", 529, 2)] * 2
