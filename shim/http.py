@@ -627,6 +627,7 @@ class _ClientConn(asyncio.Protocol):
         self.sink: Callable[[bytes], None] | None = None  # body data goes here as it arrives (Response.relay)
         self.on_end: Callable[[], None] | None = None
         self.on_complete: Callable[[_ClientConn], None] | None = None  # see Upstream.post_head
+        self.on_head: Callable[[_ClientConn], None] | None = None  # likewise
         self.status = 0
         self.block: bytes | None = None  # the header block (see _FRAMING), once the head is in
         self.body: deque[bytes] = deque()
@@ -670,6 +671,9 @@ class _ClientConn(asyncio.Protocol):
         elif self.on_complete is not None and self.complete and self.error is None:
             on_complete, self.on_complete = self.on_complete, None
             on_complete(self)
+        elif self.on_head is not None and self.block is not None:
+            on_head, self.on_head = self.on_head, None
+            on_head(self)
         self._wake()
 
     def _deliver(self) -> None:
@@ -937,11 +941,12 @@ class Upstream:
     async def post(self, path: str, headers: Iterable[tuple[str, str]], body: bytes) -> Response:
         return await self.post_head(self.head(path, headers), body)
 
-    async def post_head(self, head: bytes, body: bytes,
-                        on_complete: Callable[[_ClientConn], None] | None = None) -> Response:
+    async def post_head(self, head: bytes, body: bytes, on_complete: Callable[[_ClientConn], None] | None = None,
+                        on_head: Callable[[_ClientConn], None] | None = None) -> Response:
         """POST with a head from head(): Content-Length and the body are added here. `on_complete(conn)`: called
-        from the connection's callback as soon as the whole response is in (status, headers, whole_body()),
-        before this returns; what it does not consume, read() still returns."""
+        from the connection's callback as soon as the whole response is in (status, block, whole_body()),
+        before this returns; what it does not consume, read() still returns. `on_head(conn)`: likewise as soon
+        as the head is in (status, block), for a response that is not complete by then."""
         head = b"%bContent-Length: %d\r\n\r\n" % (head, len(body))  # and the body beside it (one writev, no copy)
         for fresh in (False, True):
             conn = None if fresh else self._get_idle()
@@ -949,6 +954,7 @@ class Upstream:
             if conn is None:
                 conn = await self._connect()
             conn.on_complete = on_complete
+            conn.on_head = on_head
             conn.transport.writelines((head, body))
             try:
                 while conn.block is None:

@@ -134,6 +134,15 @@ class Call:
         except ConnectionError:
             pass  # the harness went away; the call happened and is recorded as answered
 
+    def begin_now(self, conn) -> None:
+        """Upstream.post_head's on_head for a stream: a 200's head goes to the harness at once (its events wait
+        for the first content event, shim/stream.py); a retried attempt's does not (the harness has one)."""
+        if conn.status == 200 and not self.resp.started:
+            try:
+                self.resp.begin(200, _down_block(conn.block))
+            except ConnectionError:
+                pass  # the relay finds the harness gone at its first write
+
     def answer_now(self, conn) -> None:
         """Upstream.post_head's on_complete: a 200 goes to the harness at once (anything else is the handler's
         to decide: retry or pass through)."""
@@ -605,8 +614,9 @@ class Shim:
             else:
                 call.pacer_wait_ms += await self.pacer.admit(pace)
             try:
-                # a non-stream 200 is handed to the harness from the connection's callback, the moment it is in
-                resp = await self.http.post_head(head, payload, None if call.stream else call.answer_now)
+                # a non-stream 200, and a stream's head, go to the harness from the connection's callback
+                resp = await self.http.post_head(head, payload, None if call.stream else call.answer_now,
+                                                 call.begin_now if call.stream else None)
             except _UPSTREAM_ERRORS as e:
                 last = _Retry(502, {}, self._err_json(call, f"upstream unreachable: {type(e).__name__}"))
                 await self._pace_settle(pace, None)
