@@ -113,10 +113,14 @@ class _Chunked:
                     if n - i > 1024:
                         raise ValueError("chunk size line too long")
                     break
-                size = int(bytes(buf[i:j]).split(b";", 1)[0].strip() or b"x", 16)
+                line = buf[i:j]
+                size = int(line.split(b";", 1)[0] if b";" in line else line, 16)  # ValueError if not a size
                 i = j + 2
                 if size == 0:
                     self.state = "trailer"
+                elif i + size + 2 <= n and buf[i + size:i + size + 2] == b"\r\n":  # the whole chunk is here
+                    out.append(bytes(buf[i:i + size]))
+                    i += size + 2
                 else:
                     self.state, self.left = "data", size
             elif self.state == "data":

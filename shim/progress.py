@@ -67,10 +67,10 @@ class Progress:
         now = time.monotonic()
         if not force and now - self._last_discovery < DISCOVERY_EVERY_S:
             return None
+        self._last_discovery = now  # also when there are none (a gateway that sends none is not asked every call)
         found = rate_limit_headers(source if isinstance(source, Mapping) else source.headers)
         if not found:
             return None
-        self._last_discovery = now
         found["seen_at"] = f"{time.time():.3f}"
         return found
 

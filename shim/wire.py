@@ -126,6 +126,15 @@ class SSESplitter:
         *blocks, self.buf = buf.split(b"\n\n")
         out = []
         for block in blocks:
+            # the usual shapes first, without splitting into lines: "event: x\ndata: {...}" and "data: {...}"
+            if block.startswith(b"event:"):
+                nl = block.find(b"\n")
+                if nl > 0 and block.startswith(b"data:", nl + 1) and block.find(b"\n", nl + 1) < 0:
+                    out.append((block[6:nl].strip(), block[nl + 6:].lstrip(b" ")))
+                    continue
+            elif block.startswith(b"data:") and b"\n" not in block:
+                out.append((None, block[5:].lstrip(b" ")))
+                continue
             event = None
             data: list[bytes] = []
             for line in block.split(b"\n"):

@@ -7,6 +7,8 @@ import gzip
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from shimtest import self_signed_cert
 
 from shim.http import Server, Upstream, UpstreamConnectError, UpstreamPayloadError
@@ -270,3 +272,25 @@ def test_handlers_start_eagerly_and_go_on_as_tasks():
         w.close()
 
     asyncio.run(main())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(min_size=1, max_size=300), max_size=30), st.lists(st.integers(1, 400), min_size=1),
+       st.booleans())
+def test_chunked_bodies_decode_the_same_however_they_are_split(parts, cuts, extensions):
+    """_Chunked takes a whole chunk in one step when it is all there, and in states when it is not: the same
+    bytes come out for any split of the wire (size lines with extensions, a trailer)."""
+    from shim.http import _Chunked
+
+    wire = b"".join(b"%x%s\r\n%b\r\n" % (len(p), b";x=1" if extensions else b"", p) for p in parts)
+    wire += b"0\r\nTrailer: t\r\n\r\n"
+    decoder, buf, out, done, pos, k = _Chunked(), bytearray(), [], False, 0, 0
+    while not done:
+        assert pos < len(wire)
+        step = cuts[k % len(cuts)]
+        buf += wire[pos:pos + step]
+        pos, k = pos + step, k + 1
+        got, done, used = decoder.feed(buf)
+        del buf[:used]
+        out += got
+    assert b"".join(out) == b"".join(parts) and not buf

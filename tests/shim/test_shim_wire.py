@@ -32,6 +32,17 @@ def test_sse_framing_independent_of_chunking(cuts, crlf):
     assert meter.usage().input_tokens == 1200 and meter.usage().output_tokens == 60
 
 
+def test_sse_blocks_of_every_shape():
+    """The usual two shapes take a short path; the rest (several data lines, id/retry lines, comments, an event
+    with no data, data before its event name, no space after the colon) are read line by line."""
+    stream = (b"event: a\ndata: {\"x\": 1}\n\n" b"data: [DONE]\n\n" b": keep-alive\n\n" b"event:b\ndata:{}\n\n"
+              b"id: 5\nevent: c\ndata: one\ndata: two\n\n" b"event: d\n\n" b"data:\n\n" b"data: p\nevent: e\n\n"
+              b"event: f\ndata: q\nid: 9\n\n" b"retry: 10\n\n" b"event:  g \ndata:   r\n\n")
+    got = SSESplitter().feed(stream)
+    assert got == [(b"a", b'{"x": 1}'), (None, b"[DONE]"), (b"b", b"{}"), (b"c", b"one\ntwo"), (b"d", b""),
+                   (None, b""), (b"e", b"p"), (b"f", b"q"), (b"g", b"r")]
+
+
 def test_openai_stream_meter_decodes_only_usage():
     chunk = {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "hi there"},
              "finish_reason": None}], "usage": None}
@@ -102,3 +113,27 @@ def test_rate_limit_headers_strip_litellm_prefix():
         "content-type": "application/json",
     })
     assert got == {"anthropic-ratelimit-input-tokens-limit": "80000", "x-ratelimit-limit-requests": "50"}
+
+
+def test_limit_discovery_reads_the_headers_at_most_once_a_minute_with_or_without_limits():
+    """Progress.discovered: a 429 forces it; otherwise the headers are read at most once a minute, also when
+    they carry no limits (a gateway that sends none is not parsed on every call)."""
+    from contract.models import AttemptRef
+    from shim.progress import Progress
+
+    class Source:  # an upstream Response: .headers is parsed when read
+        reads = 0
+
+        def __init__(self, headers):
+            self._headers = headers
+
+        @property
+        def headers(self):
+            Source.reads += 1
+            return self._headers
+
+    p = Progress(object(), AttemptRef(run="r", instance_id="repo__repo-1", attempt=1), "pool")
+    assert p.discovered(Source({"content-type": "application/json"})) is None and Source.reads == 1
+    assert p.discovered(Source({"x-ratelimit-limit-requests": "500"})) is None and Source.reads == 1  # not yet
+    found = p.discovered(Source({"x-ratelimit-limit-requests": "500"}), force=True)  # a 429
+    assert found["x-ratelimit-limit-requests"] == "500" and Source.reads == 2
