@@ -47,6 +47,7 @@ class StreamRelay:
         self.finished = asyncio.get_running_loop().create_future()
         self.last_data = time.monotonic()
         self.held_back = False  # upstream reading is paused until the harness catches up
+        self._timer: asyncio.TimerHandle | None = None  # the read timeout (wait)
 
     def start(self) -> None:
         if not self.out.started:  # the first attempt's head goes to the harness now (a retry's does not)
@@ -144,19 +145,28 @@ class StreamRelay:
     # ------------------------------------------------------------ the handler's side
 
     async def wait(self, read_timeout: float) -> str:
-        """Until the outcome; TimeoutError if the upstream sent nothing for `read_timeout` seconds."""
-        while not self.finished.done():
-            if self.held_back:  # waiting for the harness, not for the upstream
-                self.last_data = time.monotonic()
-            idle = time.monotonic() - self.last_data
-            if read_timeout and idle >= read_timeout:
-                self.upstream.detach()
-                raise TimeoutError("upstream read timed out")
-            try:
-                await asyncio.wait_for(asyncio.shield(self.finished), (read_timeout - idle) if read_timeout else None)
-            except TimeoutError:
-                continue
-        return self.finished.result()
+        """Until the outcome; TimeoutError if the upstream sent nothing for `read_timeout` seconds (one timer,
+        re-armed from the last piece's time when it fires)."""
+        if read_timeout:
+            self._timer = asyncio.get_running_loop().call_later(read_timeout, self._check_idle, read_timeout)
+        try:
+            return await self.finished
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
+
+    def _check_idle(self, read_timeout: float) -> None:
+        if self.finished.done():
+            return
+        now = time.monotonic()
+        if self.held_back:  # waiting for the harness, not for the upstream
+            self.last_data = now
+        idle = now - self.last_data
+        if idle >= read_timeout:
+            self.upstream.detach()
+            self.finished.set_exception(TimeoutError("upstream read timed out"))
+        else:
+            self._timer = asyncio.get_running_loop().call_later(read_timeout - idle, self._check_idle, read_timeout)
 
     def stop(self) -> None:
         """The handler gives up (cancelled, or timed out): no more callbacks."""
