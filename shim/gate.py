@@ -99,6 +99,7 @@ class Gate:
                          and budget.kv is pacer.kv)
         self.ticket_ttl_s = ticket_ttl_s if self.combined else 0.0
         self.tickets: deque[asyncio.Future] = deque()  # each resolves to a Ticket, or None (not taken)
+        self._first_expiry = float("inf")  # no ticket taken expires before this (monotonic)
         self.stats = {"taken": 0, "used": 0, "returned": 0}
         if self.combined:
             self.kv = budget.kv
@@ -190,16 +191,16 @@ class Gate:
         """The reply to a ticket's HOLD+ADMIT (an exception if it failed or never came)."""
         if p.fut.done():
             return
-        if isinstance(reply, BaseException):
-            log.warning("taking a ticket failed: %s", type(reply).__name__)
+        if isinstance(reply, BaseException) or int(reply[0]) != 1:
+            if isinstance(reply, BaseException):
+                log.warning("taking a ticket failed: %s", type(reply).__name__)
             p.fut.set_result(None)  # if the hold was taken after all, it expires (hold_ttl_s)
+            self._first_expiry = 0.0  # the next expired_cmds drops it (so that it does not count as a ticket)
             return
-        held, _, ok, wait_ms = reply
-        if int(held) != 1:
-            p.fut.set_result(None)
-            return
+        _, _, ok, wait_ms = reply
         now = time.monotonic()
         self.stats["taken"] += 1
+        self._first_expiry = min(self._first_expiry, now + self.ticket_ttl_s)
         p.fut.set_result(Ticket(p.hold_id, p.est_micro, p.pace, p.size, int(ok) == 1,
                                 now + float(wait_ms) / 1000, now + self.ticket_ttl_s))
 
@@ -213,6 +214,9 @@ class Gate:
     def expired_cmds(self, everything: bool = False) -> list[tuple]:
         """Give back tickets past their time (all of them: `everything`, at shutdown): their commands."""
         now = time.monotonic()
+        if not everything and now < self._first_expiry:
+            return []  # nothing to give back yet (the usual case: called after every call)
+        self._first_expiry = float("inf")
         cmds: list[tuple] = []
         keep: deque[asyncio.Future] = deque()
         for fut in self.tickets:
@@ -226,6 +230,7 @@ class Gate:
                 cmds += self._give_back_cmds(t)
             else:
                 keep.append(fut)
+                self._first_expiry = min(self._first_expiry, t.expires_at)
         self.tickets = keep
         return cmds
 
