@@ -4,12 +4,14 @@ instead of buffering), and an upstream that stalls before or after the first con
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import anthropic
 import httpx
+import openai
 import pytest
 from aiohttp import web
 from shimtest import ANTHROPIC_OK, LOCAL_TOKEN, anthropic_stream, sse
@@ -187,3 +189,21 @@ def test_a_stream_whose_retries_all_fail_before_content_ends_with_the_error_even
     assert count[0] == 6  # three attempts for each of the two calls
     rows = s.rows()
     assert [(row["outcome"], row["http_status"], row["retries"]) for row in rows] == [("upstream_exhausted", 529, 2)] * 2
+
+
+def test_a_chat_stream_whose_retries_all_fail_ends_with_an_error_chunk(shim):
+    """The same on the OpenAI route: the last error ends the 200 stream as an error chunk, and the OpenAI SDK
+    raises on it."""
+    overloaded = {"error": {"message": "Overloaded", "type": "server_error", "code": "overloaded"}}
+
+    async def fail(resp: web.StreamResponse) -> None:
+        await resp.write(b"data: " + json.dumps(overloaded).encode() + b"\n\n")
+
+    with upstream([fail]) as (url, count):
+        s = shim(url, provider="openai", max_attempts=2, backoff_base_s=0.01)
+        with pytest.raises(openai.APIError, match="Overloaded"):
+            list(s.openai().chat.completions.create(model="m", stream=True,
+                                                    messages=[{"role": "user", "content": "go"}]))
+    assert count[0] == 2
+    (row,) = s.rows()
+    assert (row["outcome"], row["http_status"], row["retries"]) == ("upstream_exhausted", 529, 1)
