@@ -334,7 +334,7 @@ class _ServerConn(asyncio.Protocol):
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
-        if self.busy or self.buf or self.req is not None or not self._whole(data):
+        if self.busy or self.closing or self.buf or self.req is not None or not self._whole(data):
             self.buf += data
             if not self.busy:
                 self._parse()

@@ -716,7 +716,8 @@ class Shim:
         call.raws += (raw,)
         call.usage = usage if call.usage is None else call.usage + usage
         # the last attempt's usage verbatim; earlier billed attempts (retried after a cut) listed beside it
-        call.raw_usage = raw if len(call.raws) == 1 else {**(raw or {}), "evalplane_prior_attempts": list(call.raws[:-1])}
+        call.raw_usage = (raw if len(call.raws) == 1
+                          else {**(raw or {}), "evalplane_prior_attempts": list(call.raws[:-1])})
         call.estimated = call.estimated or estimated
         call.cost = round(call.cost + (self.price.cost(usage) if self.price else 0.0), 9)
         prompt = usage.input_tokens + usage.cached_tokens + usage.cache_write_tokens
@@ -735,7 +736,7 @@ class Shim:
     async def _stream(self, request: Request, call: Call, resp, pace: PaceRequest):
         """Relay a stream (shim/stream.py: held back until its first content event, then passed on as it
         arrives, from the upstream connection's callback); meter it; a _Retry if it failed before content."""
-        relay = StreamRelay(call.kind, resp, call.resp, _down_block(resp.block),
+        relay = StreamRelay(call.kind, resp, call.resp, None if call.resp.started else _down_block(resp.block),
                             self.cfg.max_stream_buffer_bytes)
         relay.start()
         meter = relay.meter

@@ -31,7 +31,9 @@ CLIENT_GONE = "client disconnected"
 
 
 class StreamRelay:
-    def __init__(self, kind: str, upstream: Response, out: Responder, down_headers: bytes, max_buffer: int):
+    def __init__(self, kind: str, upstream: Response, out: Responder, down_headers: bytes | None,
+                 max_buffer: int):
+        """`down_headers`: the harness's header block, if `out` has not begun yet (else None)."""
         self.meter = StreamMeter(kind)
         self.split = SSESplitter()
         self.upstream = upstream

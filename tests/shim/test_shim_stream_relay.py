@@ -188,7 +188,7 @@ def test_a_stream_whose_retries_all_fail_before_content_ends_with_the_error_even
     assert r.content.count(b"event: error") == 1 and b"overloaded_error" in r.content
     assert count[0] == 6  # three attempts for each of the two calls
     rows = s.rows()
-    assert [(row["outcome"], row["http_status"], row["retries"]) for row in rows] == [("upstream_exhausted", 529, 2)] * 2
+    assert [(r["outcome"], r["http_status"], r["retries"]) for r in rows] == [("upstream_exhausted", 529, 2)] * 2
 
 
 def test_a_chat_stream_whose_retries_all_fail_ends_with_an_error_chunk(shim):
