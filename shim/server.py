@@ -736,8 +736,7 @@ class Shim:
     async def _stream(self, request: Request, call: Call, resp, pace: PaceRequest):
         """Relay a stream (shim/stream.py: held back until its first content event, then passed on as it
         arrives, from the upstream connection's callback); meter it; a _Retry if it failed before content."""
-        relay = StreamRelay(call.kind, resp, call.resp, None if call.resp.started else _down_block(resp.block),
-                            self.cfg.max_stream_buffer_bytes)
+        relay = StreamRelay(call.kind, resp, call.resp, self.cfg.max_stream_buffer_bytes)
         relay.start()
         meter = relay.meter
         try:

@@ -31,14 +31,13 @@ CLIENT_GONE = "client disconnected"
 
 
 class StreamRelay:
-    def __init__(self, kind: str, upstream: Response, out: Responder, down_headers: bytes | None,
-                 max_buffer: int):
-        """`down_headers`: the harness's header block, if `out` has not begun yet (else None)."""
+    def __init__(self, kind: str, upstream: Response, out: Responder, max_buffer: int):
+        """`out` has begun: the harness has the head (sent from the upstream connection's callback, as soon as
+        the first attempt's head was in: shim/server.py Call.begin_now)."""
         self.meter = StreamMeter(kind)
         self.split = SSESplitter()
         self.upstream = upstream
         self.out = out
-        self.down_headers = down_headers
         self.max_buffer = max_buffer
         self.phase = "hold"
         self.held: list[bytes] = []
@@ -52,13 +51,6 @@ class StreamRelay:
         self._timer: asyncio.TimerHandle | None = None  # the read timeout (wait)
 
     def start(self) -> None:
-        if not self.out.started:  # the first attempt's head goes to the harness now (a retry's does not)
-            try:
-                self.out.begin(200, self.down_headers)
-            except ConnectionError:
-                self.failure = CLIENT_GONE
-                self._finish("cut")
-                return
         self.upstream.relay(self.feed, self.on_end)
 
     # ------------------------------------------------------------ callbacks
