@@ -69,14 +69,17 @@ class Headers(dict):
         return iter(self.raw)
 
 
-def _parse_head(head: bytes) -> tuple[str, list[tuple[str, str]]]:
-    """First line and header pairs of a message head (without the blank line). ValueError if malformed."""
+def _parse_head(head: bytes, strict: bool = True) -> tuple[str, list[tuple[str, str]]]:
+    """First line and header pairs of a message head (without the blank line). A malformed header line raises
+    ValueError, or is left out if not `strict`."""
     lines = head.decode("latin-1").split("\r\n")
     raw = []
     for line in lines[1:]:
         name, sep, value = line.partition(":")
         if not sep or not name or name != name.strip() or " " in name:
-            raise ValueError(f"bad header line {line[:60]!r}")
+            if strict:
+                raise ValueError(f"bad header line {line[:60]!r}")
+            continue
         raw.append((name, value.strip()))
     return lines[0], raw
 
@@ -828,12 +831,7 @@ class Response:
         """Parsed on first use (a line that is not a header is left out). A 200 does not need them: it goes to
         the harness as its block, filtered (line_filter)."""
         if self._headers is None:
-            pairs = []
-            for line in self.block.decode("latin-1").split("\r\n")[1:]:
-                name, sep, value = line.partition(":")
-                if sep and name and name == name.strip():
-                    pairs.append((name, value.strip()))
-            self._headers = Headers(pairs)
+            self._headers = Headers(_parse_head(self.block, strict=False)[1])
         return self._headers
 
     @property

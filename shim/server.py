@@ -794,19 +794,16 @@ class Shim:
             doc = None
         if not isinstance(doc, dict) or not isinstance(doc.get("error"), dict):
             doc = error_body(call.kind, "api_error", body.decode("utf-8", "replace")[:500] or "upstream error")
-        if call.kind == MESSAGES:
-            event = b"event: error\ndata: " + json.dumps({"type": "error", "error": doc["error"]}).encode() + b"\n\n"
-        else:
-            event = b"data: " + json.dumps({"error": doc["error"]}).encode() + b"\n\n"
         try:
-            call.resp.finish(event)
+            call.resp.finish(self._sse_error(call.kind, error=doc["error"]))
         except ConnectionError:
             pass
 
     @staticmethod
-    def _sse_error(kind: str, message: str) -> bytes:
+    def _sse_error(kind: str, message: str = "", error: dict[str, Any] | None = None) -> bytes:
+        """An in-stream error event in the route's format: `error` (an error object) or one saying `message`."""
         if kind == MESSAGES:
-            doc = {"type": "error", "error": {"type": "api_error", "message": message}}
+            doc = {"type": "error", "error": error or {"type": "api_error", "message": message}}
             return b"event: error\ndata: " + json.dumps(doc).encode() + b"\n\n"
-        doc = {"error": {"type": "server_error", "message": message}}
+        doc = {"error": error or {"type": "server_error", "message": message}}
         return b"data: " + json.dumps(doc).encode() + b"\n\n"
