@@ -101,6 +101,7 @@ class Gate:
         self.tickets: deque[asyncio.Future] = deque()  # each resolves to a Ticket, or None (not taken)
         self._first_expiry = float("inf")  # no ticket taken expires before this (monotonic)
         self.stats = {"taken": 0, "used": 0, "returned": 0}
+        self._loop: asyncio.AbstractEventLoop | None = None  # kept (get_running_loop() is a getpid(2) on 3.11)
         if self.combined:
             self.kv = budget.kv
             self.script = self.kv.register(HOLD_ADMIT_SCRIPT)
@@ -183,7 +184,10 @@ class Gate:
         """HOLD+ADMIT for a call not yet made (to send in the after-call pipeline), and the pending ticket to
         resolve with ticket_taken() once the reply is in. `hold_id`: unique within the attempt; `size`: what
         `est_micro` was computed for (see hold)."""
-        p = _Pending(asyncio.get_running_loop().create_future(), hold_id, est_micro, pace, size)
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        p = _Pending(loop.create_future(), hold_id, est_micro, pace, size)
         self.tickets.append(p.fut)
         return self._hold_admit(p.hold_id, est_micro, pace, self.run_room), p
 

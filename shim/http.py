@@ -305,13 +305,16 @@ class _ServerConn(asyncio.Protocol):
         self.closing = False
         self.paused = False  # the transport's write buffer is full: the client is not keeping up
         self.on_resume: Callable[[], None] | None = None
-        self._idle: asyncio.TimerHandle | None = None
+        self._idle: asyncio.TimerHandle | None = None  # the keep-alive timer (one per connection, see _arm_idle)
+        self._idle_since: float | None = None  # monotonic; None while a request is being read or answered
         self.task: asyncio.Task | None = None
 
     # ---- transport callbacks
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        if self.server.loop is None:  # served by a create_server of the caller's own (tests: TLS)
+            self.server.loop = asyncio.get_running_loop()
         self.server.conns.add(self)
         self._arm_idle()
 
@@ -334,9 +337,7 @@ class _ServerConn(asyncio.Protocol):
             callback()
 
     def data_received(self, data: bytes) -> None:
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
+        self._idle_since = None
         if self.busy or self.closing or self.buf or self.req is not None or not self._whole(data):
             self.buf += data
             if not self.busy:
@@ -378,8 +379,23 @@ class _ServerConn(asyncio.Protocol):
     # ---- reading
 
     def _arm_idle(self) -> None:
+        """Idle from now: closed after KEEPALIVE_S without a request. One timer per connection, re-armed when it
+        fires (not a timer per request: call_later and cancel on every call cost more than this)."""
         if self.transport is not None and not self.closed:
-            self._idle = asyncio.get_running_loop().call_later(KEEPALIVE_S, self.transport.close)
+            self._idle_since = time.monotonic()
+            if self._idle is None:
+                self._idle = self.server.loop.call_later(KEEPALIVE_S, self._idle_check)
+
+    def _idle_check(self) -> None:
+        self._idle = None
+        if self.closed or self.transport is None:
+            return
+        since = self._idle_since
+        left = KEEPALIVE_S if since is None else since + KEEPALIVE_S - time.monotonic()
+        if left <= 0:
+            self.transport.close()
+        else:
+            self._idle = self.server.loop.call_later(left, self._idle_check)
 
     def _bad(self, why: str) -> None:
         body = b'{"error":{"type":"invalid_request_error","message":"bad HTTP request"}}'
@@ -495,7 +511,7 @@ class _ServerConn(asyncio.Protocol):
             waiting_on = coro.send(None)
         except StopIteration as done:
             return done.value
-        self.task = asyncio.ensure_future(self._resume(coro, waiting_on))
+        self.task = self.server.loop.create_task(self._resume(coro, waiting_on))
         return False
 
     async def _resume(self, coro, waiting_on) -> None:
@@ -577,9 +593,10 @@ class Server:
         self.active: set[_ServerConn] = set()
         self.stopping = False
         self._server: asyncio.base_events.Server | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # kept: get_running_loop() is a getpid(2) on 3.11
 
     async def start(self, host: str, port: int) -> int:
-        loop = asyncio.get_running_loop()
+        self.loop = loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _ServerConn(self), host, port, backlog=1024)
         return self._server.sockets[0].getsockname()[1]
 
@@ -628,6 +645,7 @@ class _ClientConn(asyncio.Protocol):
         self.closed = False
         self.error: Exception | None = None
         self.waiter: asyncio.Future | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # set by Upstream._connect
         self.reset()
 
     def reset(self) -> None:
@@ -757,7 +775,7 @@ class _ClientConn(asyncio.Protocol):
 
     async def wait(self, timeout: float) -> None:
         """Until more of the response arrived (or the connection ended); TimeoutError after `timeout` s."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         self.waiter = fut = loop.create_future()
         timer = loop.call_later(timeout, self._timed_out, fut) if timeout else None
         try:
@@ -923,6 +941,7 @@ class Upstream:
             raise UpstreamConnectError("upstream connect timed out") from e
         except OSError as e:
             raise UpstreamConnectError(f"cannot connect upstream: {e}") from e
+        conn.loop = loop
         return conn
 
     def _get_idle(self) -> _ClientConn | None:

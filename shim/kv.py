@@ -130,6 +130,8 @@ class KV:
         self.defer_s = defer_s
         self._queue: list[tuple[bytes, int, asyncio.Future]] = []  # (payload, replies, future of the replies)
         self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop it is used from (get_running_loop() is a
+        # getpid(2) on Python 3.11: kept, not asked per command)
 
     # ------------------------------------------------------------ connection
 
@@ -196,7 +198,9 @@ class KV:
         round trips per call when calls overlap, and never on a call's critical path."""
         payload = hiredis.pack_command(cmds[0]) if len(cmds) == 1 else b"".join(
             [hiredis.pack_command(c) for c in cmds])
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         delay = 0.05
         for attempt in range(self.retries + 1):
             fut = loop.create_future()

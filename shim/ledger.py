@@ -114,7 +114,6 @@ class Ledger:
         n = os.write(self._fd, data)  # one write(2) per row: in the file before anything else runs
         while n < len(data):  # a short write (a full disk, a signal): the rest, or OSError
             n += os.write(self._fd, data[n:])
-        line = data[:-1].decode()
         self.rows += 1
         t = self.totals
         t.calls += 1
@@ -124,7 +123,7 @@ class Ledger:
         t.output_tokens += row["output_tokens"]
         t.cost_usd = round(t.cost_usd + row["cost_usd"], 9)
         if self.queue_url:
-            self.pending.append(line)
+            self.pending.append(data[:-1].decode())
             self.pending_seqs.append(self.seq)
             if len(self.pending) >= self.batch_size:
                 self._wake.set()

@@ -31,7 +31,8 @@ CLIENT_GONE = "client disconnected"
 
 
 class StreamRelay:
-    def __init__(self, kind: str, upstream: Response, out: Responder, max_buffer: int):
+    def __init__(self, kind: str, upstream: Response, out: Responder, max_buffer: int,
+                 loop: asyncio.AbstractEventLoop | None = None):
         """`out` has begun: the harness has the head (sent from the upstream connection's callback, as soon as
         the first attempt's head was in: shim/server.py Call.begin_now)."""
         self.meter = StreamMeter(kind)
@@ -45,7 +46,8 @@ class StreamRelay:
         self.outcome: str | None = None
         self.failure: str | None = None
         self.answer_ended = False  # the terminating chunk went out (with the final or error event)
-        self.finished = asyncio.get_running_loop().create_future()
+        self.loop = loop or asyncio.get_running_loop()
+        self.finished = self.loop.create_future()
         self.last_data = time.monotonic()
         self.held_back = False  # upstream reading is paused until the harness catches up
         self._timer: asyncio.TimerHandle | None = None  # the read timeout (wait)
@@ -142,7 +144,7 @@ class StreamRelay:
         """Until the outcome; TimeoutError if the upstream sent nothing for `read_timeout` seconds (one timer,
         re-armed from the last piece's time when it fires)."""
         if read_timeout:
-            self._timer = asyncio.get_running_loop().call_later(read_timeout, self._check_idle, read_timeout)
+            self._timer = self.loop.call_later(read_timeout, self._check_idle, read_timeout)
         try:
             return await self.finished
         finally:
@@ -160,7 +162,7 @@ class StreamRelay:
             self.upstream.detach()
             self.finished.set_exception(TimeoutError("upstream read timed out"))
         else:
-            self._timer = asyncio.get_running_loop().call_later(read_timeout - idle, self._check_idle, read_timeout)
+            self._timer = self.loop.call_later(read_timeout - idle, self._check_idle, read_timeout)
 
     def stop(self) -> None:
         """The handler gives up (cancelled, or timed out): no more callbacks."""

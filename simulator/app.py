@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -118,9 +119,19 @@ async def _serve(request: web.Request, wire: Wire, state: State) -> web.StreamRe
     headers = {**ids, **wire.rate_headers(limits.snapshot())}
     if call.stream:
         return await _stream(request, wire, state, call, billing, wire.frames(call, reply, billing), headers)
-    await asyncio.sleep(_pace(state.config, billing.output_tokens, first=True))
+    late = await _paced(_pace(state.config, billing.output_tokens, first=True))
+    if state.config.report_pacing:
+        headers["x-simulator-late-us"] = str(round(late * 1e6))
     state.stats.bill(call.model, billing)
     return web.json_response(wire.message(call, reply, billing), headers=headers)
+
+
+async def _paced(seconds: float) -> float:
+    """Sleep for the pace; how much later than asked the timer fired (event loops wake on whole milliseconds:
+    up to ~1 ms late, at random, call by call)."""
+    t0 = time.perf_counter()
+    await asyncio.sleep(seconds)
+    return max(0.0, time.perf_counter() - t0 - seconds) if seconds > 0 else 0.0
 
 
 def _pace(config: SimulatorConfig, tokens: float, *, first: bool) -> float:
@@ -151,6 +162,7 @@ async def _stream(
     content = [i for i, frame in enumerate(frames) if frame.tokens]
     cut_at = content[len(content) // 2] if content and state.faults.stream_cut() else None
     sent = 0.0
+    late = 0.0  # the pacing timers' lateness so far (config.report_pacing)
     try:
         for i, frame in enumerate(frames):
             if i == cut_at:
@@ -158,8 +170,11 @@ async def _stream(
                 request.transport.close()
                 return response
             if frame.tokens:
-                await asyncio.sleep(_pace(state.config, frame.tokens, first=sent == 0))
+                late += await _paced(_pace(state.config, frame.tokens, first=sent == 0))
                 sent += frame.tokens
+                if state.config.report_pacing:  # an SSE comment: clients skip it
+                    await response.write(b": late-us=%d\n\n%b" % (round(late * 1e6), frame.data))
+                    continue
             await response.write(frame.data)
         await response.write_eof()
         sent = billing.output_tokens

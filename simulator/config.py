@@ -31,6 +31,12 @@ class SimulatorConfig(BaseModel):
     policy: str = Field("echo", description="`echo` or a path to a JSON demo policy file")
     dataset: Path | None = Field(None, description="SWE-bench .jsonl for the demo policy")
     cache_prompts: int = Field(100_000, ge=1, description="prompts kept for prompt caching (LRU)")
+    report_pacing: bool = Field(
+        False,
+        description="report how late the pacing timers fired (header x-simulator-late-us; in streams an SSE "
+        "comment `: late-us=N` before each paced event), so a bench can take the simulator's own timer jitter "
+        "out of its latencies",
+    )
 
     @field_validator("error_statuses", mode="before")
     @classmethod

@@ -150,3 +150,18 @@ def test_health_and_status(sim, shim):
     assert set(st) >= {"calls", "ledger_rows", "ledger_sent", "stopped", "totals"}
     assert st["totals"] == Totals().model_dump()
     assert math.isclose(st["totals"]["cost_usd"], 0.0)
+
+
+def test_call_ids_are_distinct_version_4_uuids():
+    """Call ids come 256 to a urandom read, formatted by hand (shim.server._Ids): each is a canonical RFC 4122
+    version-4 UUID string, and none repeats across refills."""
+    import uuid
+
+    from shim.server import _Ids
+
+    new_id = _Ids()
+    ids = [new_id() for _ in range(1000)]  # four refills of the pool
+    assert len(set(ids)) == len(ids)
+    for s in ids:
+        u = uuid.UUID(s)
+        assert str(u) == s and u.version == 4 and u.variant == uuid.RFC_4122

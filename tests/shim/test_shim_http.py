@@ -94,6 +94,52 @@ def test_server_framing_keepalive_and_bad_requests():
     asyncio.run(main())
 
 
+def test_idle_keepalive_connections_are_closed_and_busy_ones_kept(monkeypatch):
+    """A connection is closed KEEPALIVE_S after its last answer, not while requests keep coming (its one timer
+    is re-armed from the last answer when it fires) and not in the middle of a slow answer."""
+    import shim.http as http
+
+    monkeypatch.setattr(http, "KEEPALIVE_S", 0.3)
+
+    async def main():
+        gate = asyncio.Event()
+
+        async def handler(req, resp):
+            if req.path == "/slow":
+                await gate.wait()
+            resp.send(200, [("Content-Type", "text/plain")], b"ok")
+
+        server = Server(handler, 1 << 20)
+        port = await server.start("127.0.0.1", 0)
+        req = b"POST /%b HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+
+        async def ask(w, r, path: bytes) -> bytes:
+            w.write(req % path)
+            return await asyncio.wait_for(r.readuntil(b"\r\n\r\nok"), 5)
+
+        # requests every 0.2 s for 1.2 s: past several keep-alive periods, never idle for one
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(6):
+            assert (await ask(w, r, b"a")).startswith(b"HTTP/1.1 200")
+            await asyncio.sleep(0.2)
+        assert not r.at_eof()
+        # then idle: closed by the server within about one period
+        assert await asyncio.wait_for(r.read(), 2) == b""
+        # an answer that takes longer than a period: the connection is kept while it is busy
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(req % b"slow")
+        await asyncio.sleep(0.8)
+        gate.set()
+        assert (await asyncio.wait_for(r.readuntil(b"\r\n\r\nok"), 5)).startswith(b"HTTP/1.1 200")
+        # a fresh connection that never sends anything is closed too
+        r2, _ = await asyncio.open_connection("127.0.0.1", port)
+        assert await asyncio.wait_for(r2.read(), 2) == b""
+        assert await asyncio.wait_for(r.read(), 2) == b""
+        await server.shutdown(1.0)
+
+    asyncio.run(main())
+
+
 def test_client_against_server_streams_and_reuses_connections():
     async def main():
         server, port, _ = await _echo_server()
