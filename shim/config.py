@@ -83,6 +83,9 @@ _FIELDS: dict[str, tuple[Any, Any, tuple[str, float] | None]] = {
     "ticket_ttl_s": ("float", 15.0, ("ge", 0)),
     # tickets only while the run's spent + held stays within this share of the run cap
     "ticket_room": ("float", 0.8, ("share", None)),
+    # a lone call's bookkeeping (ledger row, settles, progress, the next ticket) waits this long after its
+    # answer's end, so that the harness, which the answer has just woken, has the CPU first (0: at once)
+    "finish_delay_s": ("float", 0.002, ("ge", 0)),
     "shutdown_timeout_s": ("float", 5.0, None),  # grace for in-flight calls on SIGTERM
     "sqs_flush_timeout_s": ("float", 30.0, None),  # how long shutdown keeps retrying SQS sends
     # false: at exit, rows not yet sent stay for the task, which sends them inside the attempt's result (one
@@ -209,6 +212,7 @@ class ShimConfig:
     hold_ttl_s: float
     ticket_ttl_s: float
     ticket_room: float
+    finish_delay_s: float
     shutdown_timeout_s: float
     sqs_flush_timeout_s: float
     flush_on_exit: bool
