@@ -83,6 +83,7 @@ def _handler(wire: Wire):
 
 
 async def _serve(request: web.Request, wire: Wire, state: State) -> web.StreamResponse:
+    arrived = time.perf_counter()
     ids = wire.request_id_header()
     key = wire.api_key(request.headers)
     if key is None or (state.config.api_key is not None and key != state.config.api_key):
@@ -117,21 +118,15 @@ async def _serve(request: web.Request, wire: Wire, state: State) -> web.StreamRe
     state.cache.remember(wire.route, call.prompt)
 
     headers = {**ids, **wire.rate_headers(limits.snapshot())}
+    if state.config.report_timing:
+        headers["x-simulator-arrived"] = repr(arrived)
     if call.stream:
         return await _stream(request, wire, state, call, billing, wire.frames(call, reply, billing), headers)
-    late = await _paced(_pace(state.config, billing.output_tokens, first=True))
-    if state.config.report_pacing:
-        headers["x-simulator-late-us"] = str(round(late * 1e6))
+    await asyncio.sleep(_pace(state.config, billing.output_tokens, first=True))
     state.stats.bill(call.model, billing)
+    if state.config.report_timing:
+        headers["x-simulator-sent"] = repr(time.perf_counter())
     return web.json_response(wire.message(call, reply, billing), headers=headers)
-
-
-async def _paced(seconds: float) -> float:
-    """Sleep for the pace; how much later than asked the timer fired (event loops wake on whole milliseconds:
-    up to ~1 ms late, at random, call by call)."""
-    t0 = time.perf_counter()
-    await asyncio.sleep(seconds)
-    return max(0.0, time.perf_counter() - t0 - seconds) if seconds > 0 else 0.0
 
 
 def _pace(config: SimulatorConfig, tokens: float, *, first: bool) -> float:
@@ -149,6 +144,9 @@ async def _stream(
     frames: list[Frame],
     headers: dict[str, str],
 ) -> web.StreamResponse:
+    timing = state.config.report_timing
+    if timing:
+        headers = {**headers, "x-simulator-sent": repr(time.perf_counter())}
     response = web.StreamResponse(
         headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
@@ -162,7 +160,6 @@ async def _stream(
     content = [i for i, frame in enumerate(frames) if frame.tokens]
     cut_at = content[len(content) // 2] if content and state.faults.stream_cut() else None
     sent = 0.0
-    late = 0.0  # the pacing timers' lateness so far (config.report_pacing)
     try:
         for i, frame in enumerate(frames):
             if i == cut_at:
@@ -170,11 +167,11 @@ async def _stream(
                 request.transport.close()
                 return response
             if frame.tokens:
-                late += await _paced(_pace(state.config, frame.tokens, first=sent == 0))
+                await asyncio.sleep(_pace(state.config, frame.tokens, first=sent == 0))
                 sent += frame.tokens
-                if state.config.report_pacing:  # an SSE comment: clients skip it
-                    await response.write(b": late-us=%d\n\n%b" % (round(late * 1e6), frame.data))
-                    continue
+            if timing and (frame.tokens or i == len(frames) - 1):  # an SSE comment: clients skip it
+                await response.write(b": sent=%r\n\n%b" % (time.perf_counter(), frame.data))
+                continue
             await response.write(frame.data)
         await response.write_eof()
         sent = billing.output_tokens

@@ -31,11 +31,12 @@ class SimulatorConfig(BaseModel):
     policy: str = Field("echo", description="`echo` or a path to a JSON demo policy file")
     dataset: Path | None = Field(None, description="SWE-bench .jsonl for the demo policy")
     cache_prompts: int = Field(100_000, ge=1, description="prompts kept for prompt caching (LRU)")
-    report_pacing: bool = Field(
+    report_timing: bool = Field(
         False,
-        description="report how late the pacing timers fired (header x-simulator-late-us; in streams an SSE "
-        "comment `: late-us=N` before each paced event), so a bench can take the simulator's own timer jitter "
-        "out of its latencies",
+        description="stamp answers with the simulator's monotonic clock (time.perf_counter): headers "
+        "x-simulator-arrived (the request reached the handler) and x-simulator-sent (the answer or a stream's "
+        "head was sent); in streams an SSE comment `: sent=T` before each paced event and before the last "
+        "one. For benches on one machine: the time a call spent outside the simulator.",
     )
 
     @field_validator("error_statuses", mode="before")

@@ -81,26 +81,32 @@ def test_paced_requests_are_served_concurrently():
     assert 0.3 <= elapsed < 1.2  # sixteen 300 ms waits overlap
 
 
-def test_report_pacing_says_how_late_the_timers_fired():
-    """report_pacing (for bench/bench_shim.py): a non-stream answer carries its pacing timer's lateness in
-    x-simulator-late-us, a stream a `: late-us=N` comment (the running total) before each paced event; the
-    official SDK skips the comments. Without the flag, neither."""
-    paced = SimulatorConfig(ttft_ms=30, tokens_per_s=500, report_pacing=True)
+def test_report_timing_stamps_answers_with_the_monotonic_clock():
+    """report_timing (for bench/bench_shim.py): x-simulator-arrived and x-simulator-sent on every answer (its
+    perf_counter when the request reached the handler, and when the answer or a stream's head went out), and
+    in a stream a `: sent=T` comment before each paced event and the last one, which the official SDK skips.
+    Without the flag, none of them."""
+    paced = SimulatorConfig(ttft_ms=30, tokens_per_s=500, report_timing=True)
     with running_simulator(paced) as url, running_simulator(SimulatorConfig(ttft_ms=30)) as plain:
+        before = time.perf_counter()
         r = post(f"{url}/v1/chat/completions", CHAT, OPENAI)
-        late = int(r.headers["x-simulator-late-us"])
-        assert 0 <= late < 100_000  # microseconds: a timer on a busy test machine, not seconds
+        after = time.perf_counter()
+        arrived, sent = float(r.headers["x-simulator-arrived"]), float(r.headers["x-simulator-sent"])
+        assert before < arrived < sent < after and sent - arrived >= 0.03  # the TTFT lies between them
 
         s = post(f"{url}/v1/chat/completions", {**CHAT, "stream": True}, OPENAI)
-        comments = [int(line.split("=")[1]) for line in s.text.splitlines() if line.startswith(": late-us=")]
-        content = [line for line in s.text.splitlines() if '"content"' in line]
-        assert len(comments) >= len(content) - 1 >= 1  # one per paced event (the role chunk is not paced)
-        assert comments == sorted(comments) and all(0 <= c < 1_000_000 for c in comments)  # a running total
+        lines = s.text.strip().splitlines()
+        stamps = [float(line.split("=")[1]) for line in lines if line.startswith(": sent=")]
+        content = [line for line in lines if '"content"' in line and '"role"' not in line]
+        assert len(stamps) == len(content) + 1  # each paced (content) event, and the last one ([DONE])
+        assert stamps == sorted(stamps) and float(s.headers["x-simulator-sent"]) < stamps[0]
+        assert lines[-3].startswith(": sent=") and lines[-1] == "data: [DONE]"
 
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0)
         text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**CHAT, stream=True)
                        if c.choices)
-        assert text and "late" not in text
+        assert text and "sent" not in text
 
-        assert "x-simulator-late-us" not in post(f"{plain}/v1/chat/completions", CHAT, OPENAI).headers
-        assert ": late-us=" not in post(f"{plain}/v1/chat/completions", {**CHAT, "stream": True}, OPENAI).text
+        assert not {"x-simulator-arrived", "x-simulator-sent"} & set(post(f"{plain}/v1/chat/completions", CHAT,
+                                                                           OPENAI).headers)
+        assert ": sent=" not in post(f"{plain}/v1/chat/completions", {**CHAT, "stream": True}, OPENAI).text
