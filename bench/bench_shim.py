@@ -6,9 +6,9 @@ Every shim here has an attempt cap, a run cap and pool limits set (none of them 
 and settles real holds and books the pool's rpm/itpm/otpm.
 
 Prints, with a PASS/MISS per target (issue 3):
-  1. added latency (via shim - direct), simulator at a model's pace (300 ms to first token, 50 tokens/s),
-     non-streaming and streams (first byte: the head; first content event; last byte), concurrency 1 and 64:
-     p50 <= 0.5 ms, p99 <= 3 ms;
+  1. added latency (via shim - direct, each as its time outside the simulator: see one(); end to end beside),
+     simulator at a model's pace (300 ms to first token, 50 tokens/s), non-streaming and streams (first byte:
+     the head; first content event; last byte), concurrency 1 and 64: p50 <= 0.5 ms, p99 <= 3 ms;
   2. the shim process's CPU time per call against an instant simulator (pacer, caps, metering, ledger, progress
      included): <= 0.3 ms;
   3. pacer admissions/s as a ratio to the same Valkey's no-op EVALSHA rate: >= 0.5;
