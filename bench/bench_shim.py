@@ -31,6 +31,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import urlparse
 
 import aiohttp
@@ -131,12 +132,23 @@ _SENT = re.compile(rb": sent=([0-9.]+)")
 THINK_S = 0.05  # c=1: a harness's pause between calls (a real one runs a command; seconds)
 
 
+class Times(NamedTuple):
+    """One call, in ms: its time outside the simulator up to each point (see one()), then end to end."""
+
+    first: float  # the response head
+    last: float  # the last byte
+    content: float  # the first content byte (a non-stream answer: its last byte)
+    e2e_first: float
+    e2e_last: float
+    e2e_content: float
+
+
 async def one(session: aiohttp.ClientSession, url: str, headers: dict, stream: bool,
-              body: dict | None = None) -> tuple[float, ...]:
-    """A call's time outside the simulator, in ms, up to (its first byte: the response head, its last byte, its
-    first content byte): from the request's start to its arrival at the simulator, plus from the simulator's
-    sending of that part to the client having it (SimulatorConfig.report_timing; time.perf_counter is the
-    machine's monotonic clock in every process). Then the same three end to end, as the client saw them.
+              body: dict | None = None) -> Times:
+    """A call's time outside the simulator up to its first byte, last byte and first content byte: from the
+    request's start to its arrival at the simulator, plus from the simulator's sending of that part to the
+    client having it (SimulatorConfig.report_timing; time.perf_counter is the machine's monotonic clock in
+    every process). Then the same three end to end, as the client saw them.
 
     Why outside the simulator: the simulator's own time for the same call moves with what else runs (its
     timers wake on whole milliseconds; measured side by side, its time for direct calls moved by ~0.5 ms
@@ -164,9 +176,8 @@ async def one(session: aiohttp.ClientSession, url: str, headers: dict, stream: b
     e2e = ((first - t0) * 1000, (end - t0) * 1000, ((content or end) - t0) * 1000)
     if content is None:  # a non-stream answer: its head and body came at once
         content, content_sent = end, last_sent
-    outside = ((to_sim + first - head_sent) * 1000, (to_sim + end - last_sent) * 1000,
-               (to_sim + content - content_sent) * 1000)
-    return (*outside, *e2e)
+    return Times((to_sim + first - head_sent) * 1000, (to_sim + end - last_sent) * 1000,
+                 (to_sim + content - content_sent) * 1000, *e2e)
 
 
 async def latency_lockstep(direct: str, via: str, conc: int, rounds: int) -> dict:
@@ -202,7 +213,7 @@ async def latency_closed(direct: str, via: str, relay: str, conc: int, calls: in
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         for stream in streams:
             # one call's duration, end to end (callers start at random offsets within it)
-            period = (await one(session, direct + "/v1/messages", modes[0][2], stream, body))[4] / 1000
+            period = (await one(session, direct + "/v1/messages", modes[0][2], stream, body)).e2e_last / 1000
             # warm-up, not measured: `conc` calls at once each way, so that every path has its connections
             # (the harness's to the shim and the simulator, the shim's to the simulator) before measuring
             await asyncio.gather(*(one(session, base + "/v1/messages", h, stream, b)
@@ -233,20 +244,21 @@ def report_latency(res: dict, conc: int, informational: bool = False, tag: str =
             continue
         # a stream: its head (the first byte), its first content event (what the harness waits for: the shim
         # holds the events before it back, so that errors before it can be retried unseen) and its last byte
-        rows = ((0, "first byte"), (2, "1st content"), (1, "last byte")) if stream else ((1, "response"),)
-        for idx, what in rows:
-            d = [x[idx] for x in res[("direct", stream)]]
-            s = [x[idx] for x in res[("shim", stream)]]
+        rows = (("first", "first byte"), ("content", "1st content"), ("last", "last byte")) if stream \
+            else (("last", "response"),)
+        for point, what in rows:
+            d = [getattr(x, point) for x in res[("direct", stream)]]
+            s = [getattr(x, point) for x in res[("shim", stream)]]
             p50 = pct(s, 50) - pct(d, 50)
             p99 = pct(s, 99) - pct(d, 99)
-            d_raw = [x[idx + 3] for x in res[("direct", stream)]]
-            s_raw = [x[idx + 3] for x in res[("shim", stream)]]
+            d_raw = [getattr(x, "e2e_" + point) for x in res[("direct", stream)]]
+            s_raw = [getattr(x, "e2e_" + point) for x in res[("shim", stream)]]
             print(f"    c={conc:<3} {label:10} {what:10}  outside the simulator: direct p50 {pct(d, 50):6.2f} p99 "
                   f"{pct(d, 99):6.2f} | shim p50 {pct(s, 50):6.2f} p99 {pct(s, 99):6.2f} ms (n={len(s)}); end to "
                   f"end: shim - direct p50 {pct(s_raw, 50) - pct(d_raw, 50):+.2f}, "
                   f"p99 {pct(s_raw, 99) - pct(d_raw, 99):+.2f}")
             if ("relay", stream) in res:
-                r = [x[idx] for x in res[("relay", stream)]]
+                r = [getattr(x, point) for x in res[("relay", stream)]]
                 print(f"    {'':16}{what:10}  floor, a bare TCP relay (bench/tcp_relay.py) on the same path: "
                       f"p50 {pct(r, 50) - pct(d, 50):+.2f} ms, p99 {pct(r, 99) - pct(d, 99):+.2f} ms")
             if informational:
@@ -321,7 +333,7 @@ def main() -> int:
             for conc, calls in ((1, 8 if args.quick else 30), (64, 2 if args.quick else 12)):
                 if conc == 1:
                     print(f"   workload c=1: one caller direct, one via the bare relay, one via the shim, taking "
-                          f"turns in a rotating order, {calls} calls each")
+                          f"turns in a rotating order, {calls} calls each, {THINK_S * 1000:.0f} ms apart")
                 else:
                     print(f"   workload c={conc}: {conc} closed-loop callers via the shim, {conc} via the bare relay "
                           f"and {conc} direct, running side by side, random start offsets within one call, {calls} "
@@ -377,7 +389,8 @@ def main() -> int:
     finally:
         cleanup(args.valkey, run)
     missed = [n for n, _, ok in RESULTS if not ok]
-    print(f"summary: {len(RESULTS) - len(missed)} PASS, {len(missed)} MISS" + (f" ({'; '.join(missed)})" if missed else ""))
+    print(f"summary: {len(RESULTS) - len(missed)} PASS, {len(missed)} MISS"
+          + (f" ({'; '.join(missed)})" if missed else ""))
     return 0
 
 
