@@ -102,6 +102,23 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+class MachineBusy:
+    """How busy the machine's CPUs were between start and stop (/proc/stat: 1 - idle share): a workload that
+    keeps the machine busy measures queueing for a CPU as much as the shim, and the report says so."""
+
+    def __init__(self) -> None:
+        self.start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields[:8]), fields[3] + fields[4]  # all but guest time; idle + iowait
+
+    def share(self) -> float:
+        total, idle = self._read()
+        return 1 - (idle - self.start[1]) / max(1, total - self.start[0])
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -116,13 +133,15 @@ def long_body() -> dict:
 
 
 @contextmanager
-def relay_process(upstream: str):
-    """bench/tcp_relay.py in front of `upstream`: the floor for one more process on the path."""
+def relay_process(upstream: str, with_pid: bool = False):
+    """bench/tcp_relay.py in front of `upstream`: the floor for one more process on the path. Yields its URL (and
+    its pid: `with_pid`)."""
     u = urlparse(upstream)
     proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "tcp_relay.py"), u.hostname, str(u.port)],
                             stdout=subprocess.PIPE, text=True)
     try:
-        yield f"http://127.0.0.1:{proc.stdout.readline().strip()}"
+        url = f"http://127.0.0.1:{proc.stdout.readline().strip()}"
+        yield (url, proc.pid) if with_pid else url
     finally:
         proc.kill()
         proc.wait()
@@ -268,8 +287,8 @@ def report_latency(res: dict, conc: int, informational: bool = False, tag: str =
                     p50 <= 0.5 and p99 <= 3.0)
 
 
-async def drive(via: str, n: int, conc: int) -> None:
-    hs = {"x-api-key": TOKEN}
+async def drive(via: str, n: int, conc: int, key: str = TOKEN) -> None:
+    hs = {"x-api-key": key}
     sem = asyncio.Semaphore(conc)
 
     async def go(i: int):
@@ -338,7 +357,10 @@ def main() -> int:
                     print(f"   workload c={conc}: {conc} closed-loop callers via the shim, {conc} via the bare relay "
                           f"and {conc} direct, running side by side, random start offsets within one call, {calls} "
                           f"calls each (after a warm-up of {conc} calls at once each way)")
-                report_latency(asyncio.run(latency_closed(sim, via, relay, conc, calls)), conc)
+                busy = MachineBusy()
+                res = asyncio.run(latency_closed(sim, via, relay, conc, calls))
+                print(f"    the machine's CPUs were {busy.share():.0%} busy during this workload")
+                report_latency(res, conc)
             calls = 8 if args.quick else 25
             print(f"   workload c=1, long prompt: as c=1, with a {len(json.dumps(long_body())) // 1024} KB prompt "
                   f"naming a model alias (the shim parses it, pins the model and serialises it again), "
@@ -349,19 +371,27 @@ def main() -> int:
                   "direct and shim waves alternating)")
             report_latency(asyncio.run(latency_lockstep(sim, via, 64, 1 if args.quick else 2)), 64, True)
 
-        print("2. shim CPU per call (instant simulator; half streams; concurrency 16)")
+        print("2. shim CPU per call (instant simulator; half streams; concurrency 16), beside a bare TCP relay's on "
+              "the same calls (what any process on the path costs on this machine: a yardstick across machines)")
         instant = SimulatorConfig(api_key=KEY, rpm=0, itpm=0, otpm=0)
         n = 600 if args.quick else 2000
-        with simulator_process(instant) as sim, shim_process(sim, args.valkey, run) as (via, proc, _):
+        with (simulator_process(instant) as sim, shim_process(sim, args.valkey, run) as (via, proc, _),
+              relay_process(sim, with_pid=True) as (relay, relay_pid)):
             asyncio.run(drive(via, 100, 16))  # warm up
-            pers = []
+            asyncio.run(drive(relay, 100, 16, KEY))
+            pers, floors = [], []
             for _ in range(5):  # the median of five rounds (one round moves by up to +-0.1 ms on a noisy VM)
                 c0, t0 = cpu_s(proc.pid), time.perf_counter()
                 asyncio.run(drive(via, n, 16))
                 used, wall = cpu_s(proc.pid) - c0, time.perf_counter() - t0
                 pers.append(used / n * 1000)
-                print(f"    {n} calls in {wall:.2f} s ({n / wall:.0f}/s), shim CPU {used:.2f} s")
-            per = statistics.median(pers)
+                c0 = cpu_s(relay_pid)
+                asyncio.run(drive(relay, n, 16, KEY))
+                floors.append((cpu_s(relay_pid) - c0) / n * 1000)
+                print(f"    {n} calls in {wall:.2f} s ({n / wall:.0f}/s), shim CPU {used:.2f} s; the relay's on the same "
+                      f"calls {floors[-1] * n / 1000:.2f} s")
+            per, floor = statistics.median(pers), statistics.median(floors)
+            print(f"    bare relay CPU per call (median of 5 rounds): {floor:.3f} ms; the shim's is {per / floor:.1f}x it")
             verdict("shim CPU per call (median of 5 rounds)", f"{per:.3f} ms", per <= 0.3)
             rss = rss_mb(proc.pid)
 
