@@ -10,7 +10,9 @@ Prints, with a PASS/MISS per target (issue 3):
      simulator at a model's pace (300 ms to first token, 50 tokens/s), non-streaming and streams (first byte:
      the head; first content event; last byte), concurrency 1 and 64: p50 <= 0.5 ms, p99 <= 3 ms;
   2. the shim process's CPU time per call against an instant simulator (pacer, caps, metering, ledger, progress
-     included): <= 0.3 ms;
+     included): <= 0.3 ms; beside it, a bare TCP relay's CPU per call on the same calls (a yardstick: these
+     VMs differ by ~2x in speed from one session to the next), and, informational, what that CPU per call alone
+     costs in latency here (c=64, a relay spinning the shim's extra CPU after each answer);
   3. pacer admissions/s as a ratio to the same Valkey's no-op EVALSHA rate: >= 0.5;
   4. the shim's RSS (<= 50 MB) and its time from exec to ready-to-serve (<= 0.5 s).
 """
@@ -133,12 +135,12 @@ def long_body() -> dict:
 
 
 @contextmanager
-def relay_process(upstream: str, with_pid: bool = False):
+def relay_process(upstream: str, with_pid: bool = False, burn_us: float = 0.0):
     """bench/tcp_relay.py in front of `upstream`: the floor for one more process on the path. Yields its URL (and
-    its pid: `with_pid`)."""
+    its pid: `with_pid`). `burn_us`: CPU it spins after passing on each response head (see tcp_relay.py)."""
     u = urlparse(upstream)
-    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "tcp_relay.py"), u.hostname, str(u.port)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "tcp_relay.py"), u.hostname, str(u.port),
+                             *([f"{burn_us:.0f}"] if burn_us else [])], stdout=subprocess.PIPE, text=True)
     try:
         url = f"http://127.0.0.1:{proc.stdout.readline().strip()}"
         yield (url, proc.pid) if with_pid else url
@@ -394,6 +396,17 @@ def main() -> int:
             print(f"    bare relay CPU per call (median of 5 rounds): {floor:.3f} ms; the shim's is {per / floor:.1f}x it")
             verdict("shim CPU per call (median of 5 rounds)", f"{per:.3f} ms", per <= 0.3)
             rss = rss_mb(proc.pid)
+
+        burn = max(0.0, per - floor) * 1000
+        print(f"   informational, not a target: what CPU per call alone costs in latency here. c=64 non-stream, side by "
+              f"side: direct, via the shim, and via the bare relay spinning {burn:.0f} us of CPU after each answer (the "
+              f"shim's CPU per call less the relay's, above)")
+        with (simulator_process(paced) as sim, shim_process(sim, args.valkey, run) as (via, proc, _),
+              relay_process(sim, burn_us=burn) as burner):
+            res = asyncio.run(latency_closed(sim, via, burner, 64, 2 if args.quick else 12, streams=(False,)))
+            d, sh, r = ([x.last for x in res[(m, False)]] for m in ("direct", "shim", "relay"))
+            print(f"  info  c=64 non-stream response, p50 over direct: via the shim {pct(sh, 50) - pct(d, 50):+.2f} ms, via "
+                  f"the relay spinning {burn:.0f} us {pct(r, 50) - pct(d, 50):+.2f} ms")
 
         print("3. pacer admissions/s vs no-op EVALSHA (same Valkey, same client, 64 concurrent)")
         p, noop = asyncio.run(pacer_rate(args.valkey, f"{run}-pool", 1.0 if args.quick else 2.0))
