@@ -390,23 +390,24 @@ def main() -> int:
                 c0 = cpu_s(relay_pid)
                 asyncio.run(drive(relay, n, 16, KEY))
                 floors.append((cpu_s(relay_pid) - c0) / n * 1000)
-                print(f"    {n} calls in {wall:.2f} s ({n / wall:.0f}/s), shim CPU {used:.2f} s; the relay's on the same "
-                      f"calls {floors[-1] * n / 1000:.2f} s")
+                print(f"    {n} calls in {wall:.2f} s ({n / wall:.0f}/s), shim CPU {used:.2f} s; the relay's on the "
+                      f"same calls {floors[-1] * n / 1000:.2f} s")
             per, floor = statistics.median(pers), statistics.median(floors)
-            print(f"    bare relay CPU per call (median of 5 rounds): {floor:.3f} ms; the shim's is {per / floor:.1f}x it")
+            print(f"    bare relay CPU per call (median of 5 rounds): {floor:.3f} ms; the shim's is "
+                  f"{per / floor:.1f}x it")
             verdict("shim CPU per call (median of 5 rounds)", f"{per:.3f} ms", per <= 0.3)
             rss = rss_mb(proc.pid)
 
         burn = max(0.0, per - floor) * 1000
-        print(f"   informational, not a target: what CPU per call alone costs in latency here. c=64 non-stream, side by "
-              f"side: direct, via the shim, and via the bare relay spinning {burn:.0f} us of CPU after each answer (the "
-              f"shim's CPU per call less the relay's, above)")
+        print(f"   informational, not a target: what CPU per call alone costs in latency here. c=64 non-stream, side "
+              f"by side: direct, via the shim, and via the bare relay spinning {burn:.0f} us of CPU after each answer "
+              f"(the shim's CPU per call less the relay's, above)")
         with (simulator_process(paced) as sim, shim_process(sim, args.valkey, run) as (via, proc, _),
               relay_process(sim, burn_us=burn) as burner):
             res = asyncio.run(latency_closed(sim, via, burner, 64, 2 if args.quick else 12, streams=(False,)))
             d, sh, r = ([x.last for x in res[(m, False)]] for m in ("direct", "shim", "relay"))
-            print(f"  info  c=64 non-stream response, p50 over direct: via the shim {pct(sh, 50) - pct(d, 50):+.2f} ms, via "
-                  f"the relay spinning {burn:.0f} us {pct(r, 50) - pct(d, 50):+.2f} ms")
+            print(f"  info  c=64 non-stream response, p50 over direct: via the shim {pct(sh, 50) - pct(d, 50):+.2f} "
+                  f"ms, via the relay spinning {burn:.0f} us {pct(r, 50) - pct(d, 50):+.2f} ms")
 
         print("3. pacer admissions/s vs no-op EVALSHA (same Valkey, same client, 64 concurrent)")
         p, noop = asyncio.run(pacer_rate(args.valkey, f"{run}-pool", 1.0 if args.quick else 2.0))

@@ -79,21 +79,29 @@ if which == 0 then return {1, 0} end
 return {0, which}
 """
 
-# KEYS = [attempt, attempt:exp, run, run:exp]; ARGV = [call_id, actual, key_ttl_s (optional: refresh TTLs)]
-SETTLE_LUA = """
-local hs = {KEYS[1], KEYS[3]}
-local out = {}
-for i = 1, 2 do
-  local amt = redis.call('HGET', hs[i], 'hold:' .. ARGV[1])
-  if amt then
-    redis.call('HINCRBY', hs[i], 'held', -tonumber(amt))
-    redis.call('HDEL', hs[i], 'hold:' .. ARGV[1])
+# ep_settle(...): the hold `id` released and `actual` charged, on the attempt and the run; `key_ttl` (or nil)
+# refreshes the hashes' TTLs. -> {attempt's spent, run's spent}. KEYS of the caller: as ep_hold's.
+SETTLE_FN = """
+local function ep_settle(ka, kae, kr, kre, id, actual, key_ttl)
+  local hs, zs = {ka, kr}, {kae, kre}
+  local out = {}
+  for i = 1, 2 do
+    local amt = redis.call('HGET', hs[i], 'hold:' .. id)
+    if amt then
+      redis.call('HINCRBY', hs[i], 'held', -tonumber(amt))
+      redis.call('HDEL', hs[i], 'hold:' .. id)
+    end
+    redis.call('ZREM', zs[i], id)
+    out[i] = redis.call('HINCRBY', hs[i], 'spent', actual)
+    if key_ttl then redis.call('EXPIRE', hs[i], key_ttl) end
   end
-  redis.call('ZREM', KEYS[2 * i], ARGV[1])
-  out[i] = redis.call('HINCRBY', hs[i], 'spent', tonumber(ARGV[2]))
-  if ARGV[3] then redis.call('EXPIRE', hs[i], ARGV[3]) end
+  return out
 end
-return out
+"""
+
+# KEYS = [attempt, attempt:exp, run, run:exp]; ARGV = [call_id, actual, key_ttl_s (optional: refresh TTLs)]
+SETTLE_LUA = SETTLE_FN + """
+return ep_settle(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], tonumber(ARGV[2]), ARGV[3])
 """
 
 ATTEMPT_CAP, RUN_CAP = 1, 2

@@ -9,7 +9,7 @@ HOLD+ADMIT  KEYS = [attempt, attempt:exp, run, run:exp, pacer, limits] (caps.py'
   once), or {1, 0, 0, wait} when too far ahead to book (ValkeyPacer.admitted sleeps and asks ADMIT again).
 
 Tickets. A round trip to Valkey costs a call 0.2-0.4 ms on an idle machine (more than the rest of the shim's
-work). So when a call ends, the same background pipeline that settles it also runs HOLD+ADMIT for a call
+work). So when a call ends, the same background script that settles it (AFTER) also runs HOLD+ADMIT for a call
 that has not come yet: a ticket. The next call that the ticket covers (its worst-case cost at most the
 ticket's hold) goes without asking Valkey: its hold is already taken, its pool booking made (it sleeps until
 the booked slot if it comes early); a call the ticket does not cover gives it back and asks as before, in the
@@ -42,9 +42,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from shim.caps import HOLD_FN, Budget, ValkeyBudget
+from shim.caps import HOLD_FN, KEY_TTL_S, Budget, ValkeyBudget
+from shim.caps import SETTLE_FN as BUDGET_SETTLE_FN
 from shim.kv import Script
 from shim.pacer import ADMIT_FN, Pacer, PaceRequest, ValkeyPacer
+from shim.pacer import SETTLE_FN as POOL_SETTLE_FN
 
 log = logging.getLogger("shim.gate")
 
@@ -60,6 +62,46 @@ local a = ep_admit(KEYS[5], KEYS[6], tonumber(ARGV[7]), tonumber(ARGV[8]), tonum
 return {1, 0, a[1], a[2]}
 """
 HOLD_ADMIT_SCRIPT = Script(HOLD_ADMIT_LUA)
+
+# A call's bookkeeping in one script (Gate.after_cmd), rather than a pipeline of five commands: the budget settle,
+# the pool settle, the progress hash (HSET and EXPIRE) and the next call's ticket(s) (HOLD+ADMIT each). Why: each
+# command costs the shim a packing and a reply, and Valkey a parse, a dispatch and a reply (on the shared Valkey,
+# at thousands of calls a second, that is most of its work per call); measured in bench/ (docs/shim.md).
+#   KEYS = [attempt, attempt:exp, run, run:exp, pacer, limits, progress]
+#   ARGV = [hold id to settle ('' = none), actual micro-dollars, key_ttl_s, pool delta input, pool delta output,
+#           progress TTL s, n progress field/value pairs, the 2n of them, then the twelve HOLD+ADMIT ARGV of each
+#           ticket (HOLD's six, ADMIT's five, the run room)]
+#   -> one {held, which, admitted, wait_ms} per ticket, as HOLD+ADMIT's
+AFTER_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+""" + HOLD_FN + ADMIT_FN + BUDGET_SETTLE_FN + POOL_SETTLE_FN + """
+if ARGV[1] ~= '' then ep_settle(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], tonumber(ARGV[2]), ARGV[3]) end
+local d_in, d_out = tonumber(ARGV[4]), tonumber(ARGV[5])
+if d_in ~= 0 or d_out ~= 0 then ep_settle_pool(KEYS[5], KEYS[6], d_in, d_out, 0, now) end
+local n = tonumber(ARGV[7])
+if n > 0 then
+  redis.call('HSET', KEYS[7], unpack(ARGV, 8, 7 + 2 * n))
+  redis.call('EXPIRE', KEYS[7], ARGV[6])
+end
+local out = {}
+local i = 8 + 2 * n
+while i + 11 <= #ARGV do
+  local which = ep_hold(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]),
+                        tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), ARGV[i + 5], math.floor(now),
+                        tonumber(ARGV[i + 11]))
+  if which ~= 0 then
+    out[#out + 1] = {0, which, 0, 0}
+  else
+    local a = ep_admit(KEYS[5], KEYS[6], tonumber(ARGV[i + 6]), tonumber(ARGV[i + 7]), tonumber(ARGV[i + 8]),
+                       tonumber(ARGV[i + 9]), tonumber(ARGV[i + 10]), now)
+    out[#out + 1] = {1, 0, a[1], a[2]}
+  end
+  i = i + 12
+end
+return out
+"""
+AFTER_SCRIPT = Script(AFTER_LUA)
 
 
 class Gated(NamedTuple):
@@ -105,15 +147,35 @@ class Gate:
         if self.combined:
             self.kv = budget.kv
             self.script = self.kv.register(HOLD_ADMIT_SCRIPT)
+            self.after_script = self.kv.register(AFTER_SCRIPT)
             self.keys = [*budget.keys, *pacer.keys]
             rcap = budget.rcap
             self.run_room = -1 if rcap < 0 else int(rcap * ticket_room)
 
-    def _hold_admit(self, call_id: str, est_micro: int, pace: PaceRequest, room: int | None = None) -> tuple:
+    def _hold_admit_args(self, call_id: str, est_micro: int, pace: PaceRequest, room: int | None = None) -> list:
         args = [*self.budget.hold_args(call_id, est_micro), *self.pacer.admit_args(pace)]
         if room is not None:
             args.append(room)
-        return self.script.cmd(self.keys, args)
+        return args
+
+    def _hold_admit(self, call_id: str, est_micro: int, pace: PaceRequest, room: int | None = None) -> tuple:
+        return self.script.cmd(self.keys, self._hold_admit_args(call_id, est_micro, pace, room))
+
+    def after_cmd(self, hold_id: str | None, actual_micro: int, pool_deltas: list[int] | None,
+                  progress: tuple[str, int, list] | None, tickets: list[list]) -> tuple:
+        """A call's bookkeeping as one command (AFTER_LUA; combined gates only): settle its hold `hold_id` at
+        `actual_micro`, its last pool booking by `pool_deltas` ([input, output], actual - reserved; None: nothing to
+        reconcile), write `progress` (key, TTL s, flat field/value list) and take `tickets` (each from
+        ticket_args()). Replies: one HOLD+ADMIT answer per ticket."""
+        d_in, d_out = pool_deltas or (0, 0)
+        if progress is None:
+            pkey, pttl, flat = self.keys[0], 0, []
+        else:
+            pkey, pttl, flat = progress
+        args = [hold_id or "", actual_micro, KEY_TTL_S, d_in, d_out, pttl, len(flat) // 2, *flat]
+        for t in tickets:
+            args += t
+        return self.after_script.cmd([*self.keys, pkey], args)
 
     async def hold(self, call_id: object, need: Need, size: tuple[int, int] | None = None) -> Gated:
         """Hold the call's worst case, then admit its first attempt: with a ticket that covers it (no round
@@ -179,17 +241,17 @@ class Gate:
             return 0
         return 2 if in_flight > 1 and not self.tickets else 1
 
-    def ticket_cmd(self, hold_id: str, est_micro: int, pace: PaceRequest,
-                   size: tuple[int, int] | None = None) -> tuple[tuple, _Pending]:
-        """HOLD+ADMIT for a call not yet made (to send in the after-call pipeline), and the pending ticket to
-        resolve with ticket_taken() once the reply is in. `hold_id`: unique within the attempt; `size`: what
-        `est_micro` was computed for (see hold)."""
+    def ticket_args(self, hold_id: str, est_micro: int, pace: PaceRequest,
+                    size: tuple[int, int] | None = None) -> tuple[list, _Pending]:
+        """HOLD+ADMIT's ARGV for a call not yet made (for after_cmd), and the pending ticket to resolve with
+        ticket_taken() once the reply is in. `hold_id`: unique within the attempt; `size`: what `est_micro` was
+        computed for (see hold)."""
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         p = _Pending(loop.create_future(), hold_id, est_micro, pace, size)
         self.tickets.append(p.fut)
-        return self._hold_admit(p.hold_id, est_micro, pace, self.run_room), p
+        return self._hold_admit_args(p.hold_id, est_micro, pace, self.run_room), p
 
     def ticket_taken(self, p: _Pending, reply) -> None:
         """The reply to a ticket's HOLD+ADMIT (an exception if it failed or never came)."""

@@ -96,38 +96,50 @@ return ep_admit(KEYS[1], KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber
                 tonumber(ARGV[5]), now)
 """
 
+# ep_settle_pool(...): reconcile a booking with what the attempt used (deltas: actual - reserved; d_rpm -1 gives
+# a request back); `now` in ms (float). KEYS of the caller: pacer hash, limits hash.
+SETTLE_FN = """
+local function ep_settle_pool(kp, kl, d_in, d_out, d_rpm, now)
+  local lim = redis.call('HMGET', kl, 'itpm', 'otpm', 'rpm')
+  local st = redis.call('HMGET', kp, 'itpm', 'otpm', 'rpm')
+  local fields = {'itpm', 'otpm', 'rpm'}
+  local ds = {d_in, d_out, d_rpm}
+  local hi = 0
+  for i = 1, 3 do
+    local l = tonumber(lim[i])
+    local d = ds[i]
+    if l and l > 0 and d ~= 0 then
+      local per = 60000 / l
+      local tat = tonumber(st[i]) or now
+      local nt
+      if d < 0 then
+        nt = tat + d * per
+        if nt < now then nt = now end
+      else
+        nt = tat
+        if now > nt then nt = now end
+        nt = nt + d * per
+      end
+      redis.call('HSET', kp, fields[i], tostring(nt))
+      if nt > hi then hi = nt end
+    end
+  end
+  if hi > now then
+    local ttl = redis.call('PTTL', kp)
+    local want = math.ceil(hi - now) + 60000
+    if ttl < want then redis.call('PEXPIRE', kp, want) end
+  end
+  return 1
+end
+"""
+
+# KEYS = [pacer, limits]; ARGV = [delta_itpm, delta_otpm, delta_rpm (optional)]
 SETTLE_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-local lim = redis.call('HMGET', KEYS[2], 'itpm', 'otpm', 'rpm')
-local st = redis.call('HMGET', KEYS[1], 'itpm', 'otpm', 'rpm')
-local fields = {'itpm', 'otpm', 'rpm'}
-local hi = 0
-for i = 1, 3 do
-  local l = tonumber(lim[i])
-  local d = tonumber(ARGV[i] or '0')
-  if l and l > 0 and d ~= 0 then
-    local per = 60000 / l
-    local tat = tonumber(st[i]) or now
-    local nt
-    if d < 0 then
-      nt = tat + d * per
-      if nt < now then nt = now end
-    else
-      nt = tat
-      if now > nt then nt = now end
-      nt = nt + d * per
-    end
-    redis.call('HSET', KEYS[1], fields[i], tostring(nt))
-    if nt > hi then hi = nt end
-  end
-end
-if hi > now then
-  local ttl = redis.call('PTTL', KEYS[1])
-  local want = math.ceil(hi - now) + 60000
-  if ttl < want then redis.call('PEXPIRE', KEYS[1], want) end
-end
-return 1
+""" + SETTLE_FN + """
+return ep_settle_pool(KEYS[1], KEYS[2], tonumber(ARGV[1] or '0'), tonumber(ARGV[2] or '0'), tonumber(ARGV[3] or '0'),
+                      now)
 """
 
 THROTTLE_LUA = """

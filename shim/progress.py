@@ -54,10 +54,15 @@ class Progress:
 
     def cmds(self, fields: Mapping[str, object]) -> list[tuple]:
         """The progress update as commands, for a pipeline the caller executes (one round trip with the settles)."""
+        key, ttl, flat = self.update(fields)
+        return [("HSET", key, *flat), ("EXPIRE", key, ttl)]
+
+    def update(self, fields: Mapping[str, object]) -> tuple[str, int, list]:
+        """The progress update as (key, TTL s, flat field/value list): for the gate's after-call script."""
         flat: list[object] = []
         for k, v in fields.items():
             flat += (k, "" if v is None else v)
-        return [("HSET", self.key, *flat), ("EXPIRE", self.key, keys.PROGRESS_TTL_S)]
+        return self.key, keys.PROGRESS_TTL_S, flat
 
     def discovered(self, source, force: bool = False) -> dict[str, str] | None:
         """The rate-limit headers to record now (at most once a minute, or on a 429), or None. `source`: the

@@ -461,10 +461,13 @@ class Shim:
         task.add_done_callback(self._bg.discard)
 
     async def _after(self, call: Call, fields: dict[str, Any]) -> None:
-        """Settle the last attempt's pacer booking and the budget hold, publish progress: one pipeline (an
-        EVALSHA answered NOSCRIPT after a failover is run again with EVAL by the client)."""
-        tickets = []
+        """Settle the last attempt's pacer booking and the budget hold, publish progress and take the next call's
+        ticket(s): with Valkey, one script (Gate.after_cmd) in one round trip (an EVALSHA answered NOSCRIPT after
+        a failover is run again with EVAL by the client)."""
         try:
+            gate = self.gate
+            if gate is not None and gate.combined and gate.kv is self.redis:
+                return await self._after_combined(call, fields, gate)
             cmds: list[tuple] = []
             if call.final_pace is not None:
                 pace, used = call.final_pace
@@ -481,41 +484,62 @@ class Shim:
                     cmds.append(self.budget.settle_cmd(call.hold_id, amount))
                 else:
                     await self.budget.settle(call.hold_id, amount)
-            if self.redis is not None:
+            if self.redis is not None:  # (no tickets here: they need the combined gate)
                 cmds += self.progress.cmds(fields)
                 self._published_at = time.time()
-                cmds += self.gate.expired_cmds()
-                n = len(cmds)
-                wanted = (self.gate.tickets_wanted(self.in_flight)
-                          if call.hold_id is not None and self.stopped is None and self.ready else 0)
-                if wanted:
-                    # the next prompt is this one and a turn longer: its hold is sized for half as much again
-                    # and 16 KiB more; its pool booking is this call's estimate (the settle reconciles it)
-                    size = (call.payload_bytes * 3 // 2 + 16384, call.max_out)
-                    est, _ = self._estimate(*size)
-                    pace = self._pace_request(call.payload_bytes, call.max_out)
-                    for i in range(wanted):
-                        cmd, ticket = self.gate.ticket_cmd(f"t{i or ''}-{call.call_id}", est, pace,
-                                                           size if self._sized else None)
-                        cmds.append(cmd)
-                        tickets.append(ticket)
-                try:
-                    # not urgent: waits a few ms to share a write with other calls' (a caller that calls again at
-                    # once takes the spare ticket, Gate.tickets_wanted)
-                    replies = await self.redis.pipeline(cmds, defer=True)
-                except BaseException as e:
-                    for ticket in tickets:
-                        self.gate.ticket_taken(ticket, e)
-                    raise
-                for ticket, reply in zip(tickets, replies[n:], strict=True):
-                    self.gate.ticket_taken(ticket, reply)
-                for res in replies[:n]:
+                for res in await self.redis.pipeline(cmds, defer=True):
                     if isinstance(res, Exception):
                         log.error("settle/progress after call failed: %s", res)
         except Exception as e:  # noqa: BLE001 - holds and bookings expire by themselves; the ledger is the record
             log.error("settle/progress after call failed: %s", type(e).__name__)
         finally:
             self.in_flight -= 1
+
+    async def _after_combined(self, call: Call, fields: dict[str, Any], gate: Gate) -> None:
+        """_after with a combined gate: expired tickets given back, then one AFTER script."""
+        cmds = gate.expired_cmds()  # tickets past their time, given back before new ones are taken
+        n = len(cmds)
+        pool = None
+        if call.final_pace is not None:
+            pace, used = call.final_pace
+            a_in, a_out = (None, 0) if used is None else (self._limit_input(used), used.output_tokens)
+            pool = ValkeyPacer.settle_args(pace, a_in, a_out)
+        wanted = (gate.tickets_wanted(self.in_flight)
+                  if call.hold_id is not None and self.stopped is None and self.ready else 0)
+        tickets, targs = [], []
+        if wanted:
+            # the next prompt is this one and a turn longer: its hold is sized for half as much again and 16 KiB
+            # more; its pool booking is this call's estimate (the settle reconciles it)
+            size = (call.payload_bytes * 3 // 2 + 16384, call.max_out)
+            est, _ = self._estimate(*size)
+            pace = self._pace_request(call.payload_bytes, call.max_out)
+            for i in range(wanted):
+                args, ticket = gate.ticket_args(f"t{i or ''}-{call.call_id}", est, pace,
+                                                size if self._sized else None)
+                targs.append(args)
+                tickets.append(ticket)
+        cmds.append(gate.after_cmd(call.hold_id, micro(call.cost) if call.hold_id is not None else 0, pool,
+                                   self.progress.update(fields), targs))
+        self._published_at = time.time()
+        try:
+            # not urgent: waits a few ms to share a write with other calls' (a caller that calls again at once
+            # takes the spare ticket, Gate.tickets_wanted)
+            replies = await self.redis.pipeline(cmds, defer=True)
+        except BaseException as e:
+            for ticket in tickets:
+                gate.ticket_taken(ticket, e)
+            raise
+        for res in replies[:n]:
+            if isinstance(res, Exception):
+                log.error("giving an expired ticket back failed: %s", res)
+        last = replies[n]
+        if isinstance(last, Exception):
+            log.error("settle/progress after call failed: %s", last)
+            for ticket in tickets:
+                gate.ticket_taken(ticket, last)
+            return
+        for ticket, reply in zip(tickets, last, strict=True):
+            gate.ticket_taken(ticket, reply)
 
     # ------------------------------------------------------------ the call
 

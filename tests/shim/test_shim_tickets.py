@@ -187,3 +187,63 @@ def test_overlapping_calls_leave_nothing_held(sim, shim, valkey, unique):
         b = _budget(valkey, key)
         assert b["held"] == 0 and b["holds"] == 0
         assert abs(b["spent"] - sum(r["cost_usd"] for r in s.rows()) * 1e6) <= 10
+
+
+def test_the_after_call_script_does_what_the_separate_commands_did(valkey, valkey_url, unique):
+    """Gate.after_cmd (one script: budget settle, pool settle, progress, tickets) against the commands it
+    replaced (each script alone, HSET and EXPIRE), on two copies of the same state: the same budgets, holds,
+    progress and ticket answers (one ticket that fits, one the attempt cap refuses), pool TATs alike up to the
+    time between the two (< 100 ms), and nothing else written."""
+    from shim.progress import Progress
+
+    def side(tag: str):
+        ref = AttemptRef(run=f"{unique}{tag}", instance_id="repo__repo-1", attempt=1)
+        valkey.hset(keys.pool_limits(f"{unique}{tag}-pool"), mapping={"rpm": 600, "itpm": 10**6, "otpm": 10**5})
+        budget = ValkeyBudget(kv, ref, 1.0, 10.0, 60)
+        pacer = ValkeyPacer(kv, f"{unique}{tag}-pool")
+        return ref, budget, pacer, Gate(budget, pacer, ticket_ttl_s=15), Progress(kv, ref, f"{unique}{tag}-pool")
+
+    kv = KV(valkey_url)
+    pace, fields = PaceRequest("p", 2000, 500), {"calls": 1, "turns": 1, "cost_usd": "0.012000000", "stopped": ""}
+
+    async def main():
+        out = []
+        for tag in ("a", "b"):
+            ref, budget, pacer, gate, progress = side(tag)
+            (first,) = await kv.pipeline([gate._hold_admit("c1", 40_000, pace)])
+            assert list(first[:3]) == [1, 0, 1]
+            if tag == "a":  # what _after sent before: each part on its own
+                cmds = [pacer.settle_cmd(pace, 1500, 120), budget.settle_cmd("c1", 12_000), *progress.cmds(fields),
+                        gate._hold_admit("t-c1", 60_000, pace, gate.run_room),
+                        gate._hold_admit("t1-c1", 2_000_000, pace, gate.run_room)]
+                replies = await kv.pipeline(cmds)
+                tickets = [list(r) for r in replies[-2:]]
+            else:
+                targs = [gate.ticket_args("t-c1", 60_000, pace)[0], gate.ticket_args("t1-c1", 2_000_000, pace)[0]]
+                (reply,) = await kv.pipeline([gate.after_cmd("c1", 12_000, ValkeyPacer.settle_args(pace, 1500, 120),
+                                                             progress.update(fields), targs)])
+                tickets = [list(r) for r in reply]
+            out.append((ref, tickets))
+        await kv.aclose()
+        return out
+
+    (ref_a, tickets_a), (ref_b, tickets_b) = asyncio.run(main())
+    assert tickets_a == tickets_b == [[1, 0, 1, 0], [0, 1, 0, 0]]  # the second: over the $1 attempt cap
+
+    def state(tag: str, ref: AttemptRef) -> dict:
+        ab, rb = keys.attempt_budget(ref), keys.run_budget(ref.run)
+        return {"attempt": valkey.hgetall(ab), "run": valkey.hgetall(rb),
+                "attempt holds": valkey.zrange(ab + ":exp", 0, -1), "run holds": valkey.zrange(rb + ":exp", 0, -1),
+                "progress": valkey.hgetall(keys.progress(ref)),
+                "ttls": [valkey.ttl(k) > 0 for k in (ab, rb, keys.progress(ref))]}
+
+    a, b = state("a", ref_a), state("b", ref_b)
+    assert a == b
+    assert a["attempt"][b"spent"] == b"12000" and a["attempt"][b"held"] == b"60000"
+    assert a["attempt holds"] == [b"t-c1"] and a["progress"][b"cost_usd"] == b"0.012000000"
+    pa = {k: float(v) for k, v in valkey.hgetall(keys.pool_pacer(f"{unique}a-pool")).items()}
+    pb = {k: float(v) for k, v in valkey.hgetall(keys.pool_pacer(f"{unique}b-pool")).items()}
+    assert pa.keys() == pb.keys() == {b"rpm", b"itpm", b"otpm"}
+    assert all(abs(pa[k] - pb[k]) < 100 for k in pa)  # the settle moved otpm by 228 ms: not lost in this
+    assert sorted(k.decode().replace(f"{unique}b", f"{unique}a") for k in valkey.scan_iter(match=f"*{unique}b*")) \
+        == sorted(k.decode() for k in valkey.scan_iter(match=f"*{unique}a*"))
