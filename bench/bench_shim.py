@@ -82,14 +82,18 @@ def shim_process(upstream: str, valkey_url: str, run: str, env_over: dict | None
                "ledger_path": f"{d}/ledger.jsonl", "port_file": f"{d}/port", "valkey_url": valkey_url, **CAPS,
                **over}
         Path(d, "shim.json").write_text(json.dumps(cfg))
-        env = {**os.environ, **(env_over or {}), "SHIM_UPSTREAM_KEY": KEY, "SHIM_LOG_LEVEL": "WARNING",
-               "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        # as the task runner starts it (harness/task.py): its default log level, its output to a file
+        env = {**{k: v for k, v in os.environ.items() if k != "SHIM_LOG_LEVEL"}, "SHIM_UPSTREAM_KEY": KEY,
+               "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env_over or {})}
+        log = open(f"{d}/shim.log", "ab")  # noqa: SIM115 - closed below, after the process
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "shim", "--config", f"{d}/shim.json"], cwd=ROOT, env=env)
+        proc = subprocess.Popen([sys.executable, "-m", "shim", "--config", f"{d}/shim.json"], cwd=ROOT, env=env,
+                                stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         port_file = Path(d, "port")
         while not port_file.exists():
             if proc.poll() is not None:
-                raise RuntimeError("shim exited")
+                log.close()
+                raise RuntimeError("shim exited: " + Path(d, "shim.log").read_text()[-2000:])
             time.sleep(0.001)
         ready = time.perf_counter() - t0
         try:
@@ -97,6 +101,7 @@ def shim_process(upstream: str, valkey_url: str, run: str, env_over: dict | None
         finally:
             proc.terminate()
             proc.wait(30)
+            log.close()
 
 
 def cpu_s(pid: int) -> float:

@@ -444,8 +444,8 @@ class Shim:
             "http_status": call.http_status, "outcome": call.outcome, "usage_estimated": call.estimated,
             "raw_usage": call.raw_usage,
         })
-        if log.isEnabledFor(logging.INFO):
-            log.info("call %d %s %s -> %d %s in=%d cached=%d write=%d out=%d $%.6f retries=%d %.0fms",
+        if log.isEnabledFor(logging.DEBUG):  # the ledger row is the call's record; this line only when asked
+            log.debug("call %d %s %s -> %d %s in=%d cached=%d write=%d out=%d $%.6f retries=%d %.0fms",
                      row["seq"], call.route, "stream" if call.stream else "", call.http_status, call.outcome,
                      u.input_tokens, u.cached_tokens, u.cache_write_tokens, u.output_tokens, call.cost,
                      call.retries, row["latency_ms"])
