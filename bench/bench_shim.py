@@ -10,9 +10,10 @@ Prints, with a PASS/MISS per target (issue 3):
      simulator at a model's pace (300 ms to first token, 50 tokens/s), non-streaming and streams (first byte:
      the head; first content event; last byte), concurrency 1 and 64: p50 <= 0.5 ms, p99 <= 3 ms;
   2. the shim process's CPU time per call against an instant simulator (pacer, caps, metering, ledger, progress
-     included): <= 0.3 ms; beside it, a bare TCP relay's CPU per call on the same calls (a yardstick: these
-     VMs differ by ~2x in speed from one session to the next), and, informational, what that CPU per call alone
-     costs in latency here (c=64, a relay spinning the shim's extra CPU after each answer);
+     included; ledger rows sent to a results queue, SQS in moto's server mode, as in a task): <= 0.3 ms; beside
+     it, a bare TCP relay's CPU per call on the same calls (a yardstick: these VMs differ by ~2x in speed from
+     one session to the next), and, informational, what that CPU per call alone costs in latency here (c=64, a
+     relay spinning the shim's extra CPU after each answer);
   3. pacer admissions/s as a ratio to the same Valkey's no-op EVALSHA rate: >= 0.5;
   4. the shim's RSS (<= 50 MB) and its time from exec to ready-to-serve (<= 0.5 s).
 """
@@ -25,6 +26,7 @@ import json
 import os
 import random
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -149,6 +151,37 @@ def relay_process(upstream: str, with_pid: bool = False, burn_us: float = 0.0):
     try:
         url = f"http://127.0.0.1:{proc.stdout.readline().strip()}"
         yield (url, proc.pid) if with_pid else url
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@contextmanager
+def results_queue():
+    """An SQS queue in moto's server mode (a subprocess), as a task's results queue: yields (queue URL, the
+    environment a shim needs to send to it)."""
+    import boto3
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("moto's server did not start") from None
+                time.sleep(0.05)
+        env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1",
+               "AWS_ENDPOINT_URL_SQS": f"http://127.0.0.1:{port}"}
+        sqs = boto3.client("sqs", endpoint_url=env["AWS_ENDPOINT_URL_SQS"], region_name="us-east-1",
+                           aws_access_key_id="bench", aws_secret_access_key="bench")
+        yield sqs.create_queue(QueueName="bench-results")["QueueUrl"], env
     finally:
         proc.kill()
         proc.wait()
@@ -378,11 +411,13 @@ def main() -> int:
                   "direct and shim waves alternating)")
             report_latency(asyncio.run(latency_lockstep(sim, via, 64, 1 if args.quick else 2)), 64, True)
 
-        print("2. shim CPU per call (instant simulator; half streams; concurrency 16), beside a bare TCP relay's on "
-              "the same calls (what any process on the path costs on this machine: a yardstick across machines)")
+        print("2. shim CPU per call (instant simulator; half streams; concurrency 16; ledger rows sent to a results "
+              "queue, SQS in moto's server mode, as in a task), beside a bare TCP relay's on the same calls (what "
+              "any process on the path costs on this machine: a yardstick across machines)")
         instant = SimulatorConfig(api_key=KEY, rpm=0, itpm=0, otpm=0)
         n = 600 if args.quick else 2000
-        with (simulator_process(instant) as sim, shim_process(sim, args.valkey, run) as (via, proc, _),
+        with (results_queue() as (queue_url, aws_env), simulator_process(instant) as sim,
+              shim_process(sim, args.valkey, run, env_over=aws_env, results_queue_url=queue_url) as (via, proc, _),
               relay_process(sim, with_pid=True) as (relay, relay_pid)):
             asyncio.run(drive(via, 100, 16))  # warm up
             asyncio.run(drive(relay, 100, 16, KEY))
