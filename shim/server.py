@@ -470,8 +470,7 @@ class Shim:
                 return await self._after_combined(call, fields, gate)
             cmds: list[tuple] = []
             if call.final_pace is not None:
-                pace, used = call.final_pace
-                a_in, a_out = (None, 0) if used is None else (self._limit_input(used), used.output_tokens)
+                pace, a_in, a_out = self._pool_actuals(call)
                 if self.redis is not None and isinstance(self.pacer, ValkeyPacer) and self.pacer.kv is self.redis:
                     cmd = self.pacer.settle_cmd(pace, a_in, a_out)
                     if cmd:
@@ -495,15 +494,19 @@ class Shim:
         finally:
             self.in_flight -= 1
 
+    def _pool_actuals(self, call: Call) -> tuple[PaceRequest, int | None, int]:
+        """The last attempt's booking and what it used toward the pool's input and output limits (no usage: input
+        unknown, so not refunded; output 0)."""
+        pace, used = call.final_pace
+        if used is None:
+            return pace, None, 0
+        return pace, self._limit_input(used), used.output_tokens
+
     async def _after_combined(self, call: Call, fields: dict[str, Any], gate: Gate) -> None:
         """_after with a combined gate: expired tickets given back, then one AFTER script."""
         cmds = gate.expired_cmds()  # tickets past their time, given back before new ones are taken
         n = len(cmds)
-        pool = None
-        if call.final_pace is not None:
-            pace, used = call.final_pace
-            a_in, a_out = (None, 0) if used is None else (self._limit_input(used), used.output_tokens)
-            pool = ValkeyPacer.settle_args(pace, a_in, a_out)
+        pool = None if call.final_pace is None else ValkeyPacer.settle_args(*self._pool_actuals(call))
         wanted = (gate.tickets_wanted(self.in_flight)
                   if call.hold_id is not None and self.stopped is None and self.ready else 0)
         tickets, targs = [], []
