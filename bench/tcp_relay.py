@@ -1,23 +1,53 @@
 """A bare TCP relay (uvloop, no parsing): the floor for any proxy hop on this machine.
 
-    python bench/tcp_relay.py UPSTREAM_HOST UPSTREAM_PORT [BURN_US]   (prints the port it listens on)
+    python bench/tcp_relay.py UPSTREAM_HOST UPSTREAM_PORT [BURN_US] [--pin MODEL]   (prints the port it listens on)
 
 bench_shim.py runs it beside the shim, so that the added latency it reports can be read against what one more
 process on the path costs here at all (a wake-up of an idle process, two loopback copies).
 
 BURN_US: after passing on each response head, spin that many microseconds of CPU (as the shim spends CPU on a
 call's bookkeeping after its answer): what CPU per call alone costs in latency on this machine, with no other
-difference on the path."""
+difference on the path.
+
+--pin MODEL: a pinning relay, the least any proxy must do that checks a request and pins its model before
+passing it on: each request is read whole (head, Content-Length body), its JSON body parsed (orjson), its
+"model" set to MODEL and the body serialised again, then sent on with its new Content-Length; responses pass
+through as bytes. What a long prompt costs such a relay is a floor for the shim's long-prompt row."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import sys
+import re
 import time
 
+import orjson
 import uvloop
 
 BURN_S = 0.0
+PIN: str | None = None
+_CL = re.compile(rb"\r\ncontent-length:[ \t]*([0-9]+)[ \t]*", re.IGNORECASE)
+
+
+def _pinned(buf: bytearray) -> tuple[bytes, bytes] | None:
+    """The first whole request in `buf` (head, body) with its model pinned (removed from `buf`), or None if not
+    all in."""
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    m = _CL.search(buf, 0, end)
+    size = int(m.group(1)) if m else 0
+    if len(buf) < end + 4 + size:
+        return None
+    with memoryview(buf) as view:
+        doc = orjson.loads(view[end + 4:end + 4 + size])
+    doc["model"] = PIN
+    body = orjson.dumps(doc)
+    head = bytes(buf[:end + 4])
+    if m:
+        head = head[:m.start()] + b"\r\nContent-Length: %d" % len(body) + head[m.end():]
+    del buf[:end + 4 + size]
+    return head, body
 
 
 def _burn() -> None:
@@ -47,6 +77,7 @@ class _Downstream(asyncio.Protocol):
         self.host, self.port = host, port
         self.up: _Upstream | None = None
         self.early: list[bytes] = []
+        self.buf = bytearray()  # --pin: a request not yet whole
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -60,10 +91,18 @@ class _Downstream(asyncio.Protocol):
         self.early = []
 
     def data_received(self, data: bytes) -> None:
-        if self.up is None:
-            self.early.append(data)
+        if PIN is not None:
+            self.buf += data
+            while (request := _pinned(self.buf)) is not None:
+                self._send(*request)
         else:
-            self.up.transport.write(data)
+            self._send(data)
+
+    def _send(self, *parts: bytes) -> None:
+        if self.up is None:
+            self.early += parts
+        else:
+            self.up.transport.writelines(parts)
 
     def connection_lost(self, exc) -> None:
         if self.up is not None:
@@ -77,6 +116,11 @@ async def main(host: str, port: int) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 3:
-        BURN_S = float(sys.argv[3]) / 1e6
-    uvloop.run(main(sys.argv[1], int(sys.argv[2])))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("host")
+    ap.add_argument("port", type=int)
+    ap.add_argument("burn_us", type=float, nargs="?", default=0.0)
+    ap.add_argument("--pin", metavar="MODEL")
+    args = ap.parse_args()
+    BURN_S, PIN = args.burn_us / 1e6, args.pin
+    uvloop.run(main(args.host, args.port))
