@@ -17,7 +17,6 @@ import json
 import os
 import random
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,14 +29,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import psycopg
+from moto_proc import start_moto
 
 BASE_DB = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def setup(tmp: Path, n: int, concurrency: int) -> tuple[str, Path, list[subprocess.Popen]]:
@@ -46,22 +40,14 @@ def setup(tmp: Path, n: int, concurrency: int) -> tuple[str, Path, list[subproce
         c.execute(f'CREATE DATABASE "{name}"')
     db_url = BASE_DB.rsplit("/", 1)[0] + "/" + name
     # One moto server per service (S3, SQS): each is a single Python process, and they share no state.
-    motos, ports = [], {}
+    motos = []
     for service in ("s3", "sqs"):
-        ports[service] = port = free_port()
-        motos.append(subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p",
-                                       str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        os.environ[f"AWS_ENDPOINT_URL_{service.upper()}"] = f"http://127.0.0.1:{port}"
+        proc, endpoint = start_moto()
+        motos.append(proc)
+        os.environ[f"AWS_ENDPOINT_URL_{service.upper()}"] = endpoint
     os.environ.update(DATABASE_URL=db_url, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
                       AWS_DEFAULT_REGION="us-east-1", RAY_USAGE_STATS_ENABLED="0")
     os.environ.pop("AWS_ENDPOINT_URL", None)
-    for port in ports.values():
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
     # n synthetic instances in the swebench 5.x shape, one repository
     rows = [{"instance_id": f"bench__sim-{i}", "repo": "bench/sim", "base_commit": "0" * 40, "version": "0.1",
              "problem_statement": f"simulated instance {i}", "FAIL_TO_PASS": "[]", "PASS_TO_PASS": "[]",

@@ -29,7 +29,6 @@ import json
 import os
 import random
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,8 @@ import redis.asyncio as aioredis
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from moto_proc import start_moto
 
 from contract import keys
 from shim.pacer import PaceRequest, ValkeyPacer
@@ -167,23 +168,10 @@ def results_queue():
     environment a shim needs to send to it)."""
     import boto3
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc, endpoint = start_moto()
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("moto's server did not start") from None
-                time.sleep(0.05)
         env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1",
-               "AWS_ENDPOINT_URL_SQS": f"http://127.0.0.1:{port}"}
+               "AWS_ENDPOINT_URL_SQS": endpoint}
         sqs = boto3.client("sqs", endpoint_url=env["AWS_ENDPOINT_URL_SQS"], region_name="us-east-1",
                            aws_access_key_id="bench", aws_secret_access_key="bench")
         yield sqs.create_queue(QueueName="bench-results")["QueueUrl"], env
