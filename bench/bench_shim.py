@@ -19,6 +19,11 @@ Prints, with a PASS/MISS per target (issue 3):
 
 c=1 long prompt: a pinning relay beside the bare one (bench/tcp_relay.py --pin) shows what parsing the body and
 pinning its model cost any proxy.
+
+--compiled: the same relays compiled (bench/compiled_relay, built by scripts/build_compiled_relay.sh if it is not
+built yet) run beside the Python ones in the c=1 workloads, as one more way in each: how much of a floor is the
+interpreter, i.e. what a compiled shim could reach on this machine (the c=1 workloads take ~1/3 longer; not at
+c=64, where 64 more callers would load the machine more than a run without them).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import sys
 import tempfile
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import urlparse
@@ -146,14 +151,19 @@ def long_body() -> dict:
 
 
 @contextmanager
-def relay_process(upstream: str, with_pid: bool = False, burn_us: float = 0.0, pin: str | None = None):
+def relay_process(upstream: str, with_pid: bool = False, burn_us: float = 0.0, pin: str | None = None,
+                  compiled: str | None = None):
     """bench/tcp_relay.py in front of `upstream`: the floor for one more process on the path. Yields its URL (and
     its pid: `with_pid`). `burn_us`: CPU it spins after passing on each response head; `pin`: a pinning relay,
-    which parses each request's body and pins its model (see tcp_relay.py)."""
+    which parses each request's body and pins its model (see tcp_relay.py); `compiled`: the path of
+    bench/compiled_relay's binary, run instead (no `burn_us`)."""
     u = urlparse(upstream)
-    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "tcp_relay.py"), u.hostname, str(u.port),
-                             *([f"{burn_us:.0f}"] if burn_us else []), *(["--pin", pin] if pin else [])],
-                            stdout=subprocess.PIPE, text=True)
+    if compiled:
+        cmd = [compiled, u.hostname, str(u.port)]
+    else:
+        cmd = [sys.executable, str(ROOT / "bench" / "tcp_relay.py"), u.hostname, str(u.port),
+               *([f"{burn_us:.0f}"] if burn_us else [])]
+    proc = subprocess.Popen([*cmd, *(["--pin", pin] if pin else [])], stdout=subprocess.PIPE, text=True)
     try:
         url = f"http://127.0.0.1:{proc.stdout.readline().strip()}"
         yield (url, proc.pid) if with_pid else url
@@ -249,21 +259,30 @@ async def latency_lockstep(direct: str, via: str, conc: int, rounds: int) -> dic
     return out
 
 
+# the ways in besides direct and the shim, each a floor: what its report line says it is
+FLOORS = {
+    "relay": ", a bare TCP relay (bench/tcp_relay.py) on the same path",
+    "compiled": ", the same relay compiled (bench/compiled_relay)",
+    "pinning": " for parsing and pinning the body, a pinning relay (tcp_relay.py --pin)",
+    "compiled pinning": " for parsing and pinning the body, compiled (compiled_relay --pin; serde_json)",
+}
+
+
 async def latency_closed(direct: str, via: str, relay: str, conc: int, calls: int, seed: int = 1,
                          body: dict | None = None, streams: tuple[bool, ...] = (False, True),
-                         pinning: str | None = None) -> dict:
+                         more: dict[str, str] | None = None) -> dict:
     """`conc` closed-loop callers through the shim, `conc` through the bare relay and `conc` calling the
     simulator directly, all running at the same time (so noise hits all three); each caller starts at a random
     offset within one call's duration, then makes `calls` calls back to back. conc=1: one caller of each,
     taking turns in a rotating order. `body`: the request (the shim's callers name a model alias, which the
-    shim rewrites). `pinning`: a pinning relay's URL (relay_process(pin=...)), a fourth way in, sent the
-    shim's body (it pins the model as the shim does)."""
+    shim rewrites). `more`: more ways in, {name in FLOORS: URL}; a pinning relay (relay_process(pin=...)) is sent
+    the shim's body (it pins the model as the shim does)."""
     direct_body = body
     shim_body = None if body is None else {**body, "model": "anthropic/" + body["model"]}
     modes = (("direct", direct, {"x-api-key": KEY}, direct_body), ("relay", relay, {"x-api-key": KEY}, direct_body),
              ("shim", via, {"x-api-key": TOKEN}, shim_body))
-    if pinning is not None:
-        modes += (("pinning", pinning, {"x-api-key": KEY}, shim_body),)
+    for name, url in (more or {}).items():
+        modes += ((name, url, {"x-api-key": KEY}, shim_body if "pinning" in name else direct_body),)
     rng = random.Random(seed)
     out = {(m[0], s): [] for m in modes for s in streams}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -313,14 +332,11 @@ def report_latency(res: dict, conc: int, informational: bool = False, tag: str =
                   f"{pct(d, 99):6.2f} | shim p50 {pct(s, 50):6.2f} p99 {pct(s, 99):6.2f} ms (n={len(s)}); end to "
                   f"end: shim - direct p50 {pct(s_raw, 50) - pct(d_raw, 50):+.2f}, "
                   f"p99 {pct(s_raw, 99) - pct(d_raw, 99):+.2f}")
-            if ("relay", stream) in res:
-                r = [getattr(x, point) for x in res[("relay", stream)]]
-                print(f"    {'':16}{what:10}  floor, a bare TCP relay (bench/tcp_relay.py) on the same path: "
-                      f"p50 {pct(r, 50) - pct(d, 50):+.2f} ms, p99 {pct(r, 99) - pct(d, 99):+.2f} ms")
-            if ("pinning", stream) in res:
-                r = [getattr(x, point) for x in res[("pinning", stream)]]
-                print(f"    {'':16}{what:10}  floor for parsing and pinning the body, a pinning relay (tcp_relay.py "
-                      f"--pin): p50 {pct(r, 50) - pct(d, 50):+.2f} ms, p99 {pct(r, 99) - pct(d, 99):+.2f} ms")
+            for name, floor in FLOORS.items():
+                if (name, stream) in res:
+                    r = [getattr(x, point) for x in res[(name, stream)]]
+                    print(f"    {'':16}{what:10}  floor{floor}: p50 {pct(r, 50) - pct(d, 50):+.2f} ms, "
+                          f"p99 {pct(r, 99) - pct(d, 99):+.2f} ms")
             if informational:
                 print(f"  info  lockstep burst c={conc} {label} {what}: p50 {p50:+.2f} ms, p99 {p99:+.2f} ms")
                 continue
@@ -381,7 +397,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--valkey", default=os.environ.get("VALKEY_URL", "redis://127.0.0.1:6379/0"))
     ap.add_argument("--quick", action="store_true", help="fewer rounds (noisier)")
+    ap.add_argument("--compiled", action="store_true",
+                    help="run the relays compiled too (bench/compiled_relay), beside the Python ones")
     args = ap.parse_args()
+    compiled = None
+    if args.compiled:  # built first: a build is not timed with the workloads
+        compiled = subprocess.run(["bash", str(ROOT / "scripts" / "build_compiled_relay.sh")], check=True,
+                                  stdout=subprocess.PIPE, text=True).stdout.strip()
     run = "bench" + uuid.uuid4().hex[:8]
     print(f"bench_shim: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}, python {sys.version.split()[0]}")
     try:
@@ -389,28 +411,37 @@ def main() -> int:
         paced = SimulatorConfig(api_key=KEY, ttft_ms=300, tokens_per_s=50, rpm=0, itpm=0, otpm=0,
                                  report_timing=True)
         with (simulator_process(paced) as sim, shim_process(sim, args.valkey, run) as (via, proc, _),
-              relay_process(sim) as relay):
+              relay_process(sim) as relay, ExitStack() as stack):
+            # the compiled relay joins the c=1 workloads only: at c=64 its 64 callers would load the machine more than
+            # the runs without it (and move the shim's rows)
+            more = {"compiled": stack.enter_context(relay_process(sim, compiled=compiled))} if compiled else {}
             # c=1: 100 calls each, so that its p99 is a p99 (of 30, as until 2026-11-30, it was the slowest call: one
             # stall of the VM in any of the three decided the row)
             for conc, calls in ((1, 8 if args.quick else 100), (64, 2 if args.quick else 12)):
                 if conc == 1:
-                    print(f"   workload c=1: one caller direct, one via the bare relay, one via the shim, taking "
-                          f"turns in a rotating order, {calls} calls each, {THINK_S * 1000:.0f} ms apart")
+                    print(f"   workload c=1: one caller direct, one via the bare relay, one via the shim"
+                          f"{', one via the compiled relay' if compiled else ''}, taking turns in a rotating order, "
+                          f"{calls} calls each, {THINK_S * 1000:.0f} ms apart")
                 else:
                     print(f"   workload c={conc}: {conc} closed-loop callers via the shim, {conc} via the bare relay "
                           f"and {conc} direct, running side by side, random start offsets within one call, {calls} "
                           f"calls each (after a warm-up of {conc} calls at once each way)")
                 busy = MachineBusy()
-                res = asyncio.run(latency_closed(sim, via, relay, conc, calls))
+                res = asyncio.run(latency_closed(sim, via, relay, conc, calls, more=more if conc == 1 else None))
                 print(f"    the machine's CPUs were {busy.share():.0%} busy during this workload")
                 report_latency(res, conc)
             calls = 8 if args.quick else 60
             print(f"   workload c=1, long prompt: as c=1, with a {len(json.dumps(long_body())) // 1024} KB prompt "
                   f"naming a model alias (the shim parses it, pins the model and serialises it again), "
-                  f"non-stream, {calls} calls each; a fourth caller goes via a pinning relay, which does only that")
+                  f"non-stream, {calls} calls each; a fourth caller goes via a pinning relay, which does only that"
+                  f"{' (and two more via both relays compiled)' if compiled else ''}")
             with relay_process(sim, pin=BODY["model"]) as pinning:
+                if compiled:
+                    more["compiled pinning"] = stack.enter_context(relay_process(sim, pin=BODY["model"],
+                                                                                 compiled=compiled))
                 report_latency(asyncio.run(latency_closed(sim, via, relay, 1, calls, body=long_body(),
-                                                          streams=(False,), pinning=pinning)), 1, tag=" long prompt")
+                                                          streams=(False,), more={"pinning": pinning, **more})),
+                               1, tag=" long prompt")
             print("   informational, not a target: c=64 lockstep bursts (64 calls in the same millisecond, "
                   "direct and shim waves alternating)")
             report_latency(asyncio.run(latency_lockstep(sim, via, 64, 1 if args.quick else 2)), 64, True)

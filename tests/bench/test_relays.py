@@ -1,0 +1,115 @@
+"""The bench's pinning relays (bench/tcp_relay.py --pin, and bench/compiled_relay --pin) really pin: they are the
+floors the shim's long-prompt row is read against, so each must do at least what the shim does to a request's
+model: every top-level "model" key replaced, however spelled, the rest of the body and nested "model"s kept,
+Content-Length made right, and requests on a kept-alive connection each handled."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "claude-sonnet-4-5"
+
+
+def _read_request(conn: socket.socket, buf: bytearray) -> tuple[bytes, bytes]:
+    while b"\r\n\r\n" not in buf:
+        chunk = conn.recv(65536)
+        assert chunk, "connection closed before a whole head"
+        buf += chunk
+    end = buf.index(b"\r\n\r\n")
+    head = bytes(buf[:end])
+    size = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")[1:]
+                if line.lower().startswith(b"content-length:"))
+    while len(buf) < end + 4 + size:
+        chunk = conn.recv(65536)
+        assert chunk, "connection closed before a whole body"
+        buf += chunk
+    body = bytes(buf[end + 4:end + 4 + size])
+    del buf[:end + 4 + size]
+    return head, body
+
+
+@pytest.fixture
+def upstream():
+    """A server that records each request (head, body) it gets and answers it with a small 200."""
+    seen: list[tuple[bytes, bytes]] = []
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        buf = bytearray()
+        with conn:
+            try:
+                while True:
+                    seen.append(_read_request(conn, buf))
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            except (AssertionError, OSError):
+                pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield srv.getsockname()[1], seen
+    srv.close()
+
+
+def _compiled() -> list[str]:
+    path = subprocess.run(["bash", str(ROOT / "scripts" / "build_compiled_relay.sh")], check=True,
+                          stdout=subprocess.PIPE, text=True).stdout.strip()
+    return [path]
+
+
+@pytest.fixture(params=["python", "compiled"])
+def pinning_relay(request, upstream):
+    port, seen = upstream
+    cmd = [sys.executable, str(ROOT / "bench" / "tcp_relay.py")] if request.param == "python" else _compiled()
+    proc = subprocess.Popen([*cmd, "127.0.0.1", str(port), "--pin", MODEL], stdout=subprocess.PIPE, text=True)
+    try:
+        yield int(proc.stdout.readline()), seen
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _post(sock: socket.socket, body: bytes) -> None:
+    sock.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\ncontent-length: %d\r\nX-Other: 1\r\n\r\n%s"
+                 % (len(body), body))
+    answer = b""
+    while not answer.endswith(b"ok"):
+        chunk = sock.recv(4096)
+        assert chunk, "the relay closed the connection"
+        answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200 OK")
+
+
+def test_pinning_relay_pins_every_spelling_of_the_model(pinning_relay):
+    port, seen = pinning_relay
+    prompt = "text with \"model\": \"x\" in it and a \\u escape " * 2000
+    bodies = [
+        # duplicate keys: a JSON reader upstream would take the last one
+        b'{"model": "anthropic/claude-sonnet-4-5", "max_tokens": 64, "model": "opus",'
+        b' "messages": [{"role": "user", "content": ' + json.dumps(prompt).encode() + b'}],'
+        b' "metadata": {"model": "nested stays"}}',
+        # the key spelled with an escape
+        b'{"mod\\u0065l": "opus", "max_tokens": 8, "messages": []}',
+    ]
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        for body in bodies:
+            _post(sock, body)
+    assert len(seen) == 2
+    for (head, sent), original in zip(seen, bodies):
+        assert sent.count(b'"model"') == 1 + (b'"nested stays"' in original), sent[:200]
+        assert b"mod\\u0065l" not in sent
+        doc, orig = json.loads(sent), json.loads(original)
+        assert doc["model"] == MODEL
+        assert {k: v for k, v in doc.items() if k != "model"} == {k: v for k, v in orig.items() if k != "model"}
+        lines = head.split(b"\r\n")
+        assert lines[0] == b"POST /v1/messages HTTP/1.1" and b"X-Other: 1" in lines
+        assert [int(x.split(b":")[1]) for x in lines if x.lower().startswith(b"content-length:")] == [len(sent)]
+    assert json.loads(seen[0][1])["metadata"] == {"model": "nested stays"}
+    assert json.loads(seen[0][1])["messages"][0]["content"] == prompt
