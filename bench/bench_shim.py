@@ -21,9 +21,10 @@ c=1 long prompt: a pinning relay beside the bare one (bench/tcp_relay.py --pin) 
 pinning its model cost any proxy.
 
 --compiled: the same relays compiled (bench/compiled_relay, built by scripts/build_compiled_relay.sh if it is not
-built yet) run beside the Python ones in the c=1 workloads, as one more way in each: how much of a floor is the
-interpreter, i.e. what a compiled shim could reach on this machine (the c=1 workloads take ~1/3 longer; not at
-c=64, where 64 more callers would load the machine more than a run without them).
+built yet) run beside the Python ones in the c=1 workloads, as more ways in: how much of a floor is the
+interpreter, i.e. what a compiled shim could reach on this machine (the c=1 workloads take ~1/3 longer, the long
+prompt's twice as long; not at c=64, where 64 more callers would load the machine more than a run without them).
+The pinning relay runs compiled twice: with serde_json, and with its own scanner (bench/compiled_relay/src/scan.rs).
 """
 
 from __future__ import annotations
@@ -152,18 +153,20 @@ def long_body() -> dict:
 
 @contextmanager
 def relay_process(upstream: str, with_pid: bool = False, burn_us: float = 0.0, pin: str | None = None,
-                  compiled: str | None = None):
+                  compiled: str | None = None, scanner: bool = False):
     """bench/tcp_relay.py in front of `upstream`: the floor for one more process on the path. Yields its URL (and
     its pid: `with_pid`). `burn_us`: CPU it spins after passing on each response head; `pin`: a pinning relay,
     which parses each request's body and pins its model (see tcp_relay.py); `compiled`: the path of
-    bench/compiled_relay's binary, run instead (no `burn_us`)."""
+    bench/compiled_relay's binary, run instead (no `burn_us`); `scanner`: it pins with its own JSON scanner instead of
+    serde_json (--scan-pin)."""
     u = urlparse(upstream)
     if compiled:
         cmd = [compiled, u.hostname, str(u.port)]
     else:
         cmd = [sys.executable, str(ROOT / "bench" / "tcp_relay.py"), u.hostname, str(u.port),
                *([f"{burn_us:.0f}"] if burn_us else [])]
-    proc = subprocess.Popen([*cmd, *(["--pin", pin] if pin else [])], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*cmd, *(["--scan-pin" if scanner else "--pin", pin] if pin else [])],
+                            stdout=subprocess.PIPE, text=True)
     try:
         url = f"http://127.0.0.1:{proc.stdout.readline().strip()}"
         yield (url, proc.pid) if with_pid else url
@@ -265,6 +268,7 @@ FLOORS = {
     "compiled": ", the same relay compiled (bench/compiled_relay)",
     "pinning": " for parsing and pinning the body, a pinning relay (tcp_relay.py --pin)",
     "compiled pinning": " for parsing and pinning the body, compiled (compiled_relay --pin; serde_json)",
+    "compiled scan pinning": " for parsing and pinning the body, compiled, its own scanner (compiled_relay --scan-pin)",
 }
 
 
@@ -431,14 +435,16 @@ def main() -> int:
                 print(f"    the machine's CPUs were {busy.share():.0%} busy during this workload")
                 report_latency(res, conc)
             calls = 8 if args.quick else 60
+            three = "; three more: the bare relay compiled, the pinning one compiled (serde_json; its own scanner)"
             print(f"   workload c=1, long prompt: as c=1, with a {len(json.dumps(long_body())) // 1024} KB prompt "
                   f"naming a model alias (the shim parses it, pins the model and serialises it again), "
                   f"non-stream, {calls} calls each; a fourth caller goes via a pinning relay, which does only that"
-                  f"{' (and two more via both relays compiled)' if compiled else ''}")
+                  f"{three if compiled else ''}")
             with relay_process(sim, pin=BODY["model"]) as pinning:
                 if compiled:
-                    more["compiled pinning"] = stack.enter_context(relay_process(sim, pin=BODY["model"],
-                                                                                 compiled=compiled))
+                    for name, scanner in (("compiled pinning", False), ("compiled scan pinning", True)):
+                        more[name] = stack.enter_context(relay_process(sim, pin=BODY["model"], compiled=compiled,
+                                                                       scanner=scanner))
                 report_latency(asyncio.run(latency_closed(sim, via, relay, 1, calls, body=long_body(),
                                                           streams=(False,), more={"pinning": pinning, **more})),
                                1, tag=" long prompt")

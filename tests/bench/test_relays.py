@@ -5,6 +5,7 @@ Content-Length made right, and requests on a kept-alive connection each handled.
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import subprocess
@@ -58,17 +59,20 @@ def upstream():
     srv.close()
 
 
+@functools.cache
 def _compiled() -> list[str]:
-    path = subprocess.run(["bash", str(ROOT / "scripts" / "build_compiled_relay.sh")], check=True,
+    """The compiled relay, built after its unit tests passed (its scanner against serde_json's verdicts)."""
+    path = subprocess.run(["bash", str(ROOT / "scripts" / "build_compiled_relay.sh"), "--test"], check=True,
                           stdout=subprocess.PIPE, text=True).stdout.strip()
     return [path]
 
 
-@pytest.fixture(params=["python", "compiled"])
+@pytest.fixture(params=["python", "compiled", "compiled scanner"])
 def pinning_relay(request, upstream):
     port, seen = upstream
     cmd = [sys.executable, str(ROOT / "bench" / "tcp_relay.py")] if request.param == "python" else _compiled()
-    proc = subprocess.Popen([*cmd, "127.0.0.1", str(port), "--pin", MODEL], stdout=subprocess.PIPE, text=True)
+    flag = "--scan-pin" if request.param == "compiled scanner" else "--pin"
+    proc = subprocess.Popen([*cmd, "127.0.0.1", str(port), flag, MODEL], stdout=subprocess.PIPE, text=True)
     try:
         yield int(proc.stdout.readline()), seen
     finally:

@@ -1,12 +1,13 @@
 //! bench/tcp_relay.py compiled: a TCP relay, a thread per direction of each connection, std I/O.
 //!
-//!     compiled_relay UPSTREAM_HOST UPSTREAM_PORT [--pin MODEL]   (prints the port it listens on)
+//!     compiled_relay UPSTREAM_HOST UPSTREAM_PORT [--pin MODEL | --scan-pin MODEL]   (prints its port)
 //!
 //! Bare: bytes in, bytes out, no parsing. --pin MODEL: each request is read whole (head, Content-Length body),
 //! its body parsed as a JSON object (serde_json; the top-level values kept as raw text, every one of them checked
 //! as JSON), written again with "model" first and set to MODEL (every "model" key the request had, however
 //! spelled, left out) and sent on with its new Content-Length; responses pass through as bytes. A body that is
-//! not a JSON object closes the connection.
+//! not a JSON object closes the connection. --scan-pin MODEL: the same, with the body checked and split by
+//! `scan::members` (strings skipped with memchr) instead of serde_json: what a scanner made for this costs.
 //!
 //! Why: bench_shim.py prints the Python relays' added latency as floors for the shim; this one says how much of
 //! such a floor is the interpreter, i.e. what a compiled shim could reach on the same machine.
@@ -17,6 +18,8 @@ use std::thread;
 
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
+
+mod scan;
 
 /// A JSON object's members in order, each value as its raw text.
 struct Members<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
@@ -69,8 +72,24 @@ fn pinned(body: &[u8], model: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// `pinned`, with the body checked and split by the scanner.
+fn scan_pinned(body: &[u8], model: &str) -> Option<Vec<u8>> {
+    let members = scan::members(body)?;
+    let mut out = Vec::with_capacity(body.len() + model.len() + 16);
+    out.extend_from_slice(b"{\"model\":");
+    serde_json::to_writer(&mut out, model).ok()?;
+    for m in members.iter().filter(|m| m.name != "model") {
+        out.push(b',');
+        out.extend_from_slice(&body[m.key.clone()]);
+        out.push(b':');
+        out.extend_from_slice(&body[m.value.clone()]);
+    }
+    out.push(b'}');
+    Some(out)
+}
+
 /// Requests from the harness, each pinned and sent on once it is whole.
-fn pin_requests(mut down: TcpStream, mut up: TcpStream, model: &str) {
+fn pin_requests(mut down: TcpStream, mut up: TcpStream, model: &str, scanner: bool) {
     let mut buf: Vec<u8> = Vec::with_capacity(256 * 1024);
     let mut chunk = vec![0u8; 256 * 1024];
     'read: loop {
@@ -85,7 +104,8 @@ fn pin_requests(mut down: TcpStream, mut up: TcpStream, model: &str) {
             if buf.len() < end + 4 + size {
                 break;
             }
-            let body = match pinned(&buf[end + 4..end + 4 + size], model) {
+            let request = &buf[end + 4..end + 4 + size];
+            let body = match if scanner { scan_pinned(request, model) } else { pinned(request, model) } {
                 Some(body) => body,
                 None => break 'read,
             };
@@ -124,14 +144,14 @@ fn copy(mut from: TcpStream, mut to: TcpStream) {
     let _ = from.shutdown(Shutdown::Both);
 }
 
-fn serve(down: TcpStream, upstream: &str, pin: Option<&str>) -> std::io::Result<()> {
+fn serve(down: TcpStream, upstream: &str, pin: Option<(&str, bool)>) -> std::io::Result<()> {
     let up = TcpStream::connect(upstream)?;
     down.set_nodelay(true)?; // as uvloop's transports (bench/tcp_relay.py) and the shim's
     up.set_nodelay(true)?;
     let (down2, up2) = (down.try_clone()?, up.try_clone()?);
     thread::spawn(move || copy(up2, down2));
     match pin {
-        Some(model) => pin_requests(down, up, model),
+        Some((model, scanner)) => pin_requests(down, up, model, scanner),
         None => copy(down, up),
     }
     Ok(())
@@ -140,17 +160,20 @@ fn serve(down: TcpStream, upstream: &str, pin: Option<&str>) -> std::io::Result<
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.len() < 3 {
-        eprintln!("usage: compiled_relay UPSTREAM_HOST UPSTREAM_PORT [--pin MODEL]");
+        eprintln!("usage: compiled_relay UPSTREAM_HOST UPSTREAM_PORT [--pin MODEL | --scan-pin MODEL]");
         std::process::exit(2);
     }
     let upstream = format!("{}:{}", args[1], args[2]);
-    let pin = args.iter().position(|a| a == "--pin").and_then(|i| args.get(i + 1).cloned());
+    let pin = args
+        .iter()
+        .position(|a| a == "--pin" || a == "--scan-pin")
+        .and_then(|i| Some((args.get(i + 1)?.clone(), args[i] == "--scan-pin")));
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
     println!("{}", listener.local_addr().expect("local address").port());
     for down in listener.incoming().flatten() {
         let (upstream, pin) = (upstream.clone(), pin.clone());
         thread::spawn(move || {
-            if let Err(e) = serve(down, &upstream, pin.as_deref()) {
+            if let Err(e) = serve(down, &upstream, pin.as_ref().map(|(m, s)| (m.as_str(), *s))) {
                 eprintln!("compiled_relay: {e}");
             }
         });
