@@ -22,9 +22,11 @@ pinning its model cost any proxy.
 
 --compiled: the same relays compiled (bench/compiled_relay, built by scripts/build_compiled_relay.sh if it is not
 built yet) run beside the Python ones in the c=1 workloads, as more ways in: how much of a floor is the
-interpreter, i.e. what a compiled shim could reach on this machine (the c=1 workloads take ~1/3 longer, the long
-prompt's twice as long; not at c=64, where 64 more callers would load the machine more than a run without them).
-The pinning relay runs compiled twice: with serde_json, and with its own scanner (bench/compiled_relay/src/scan.rs).
+interpreter, i.e. what a compiled shim could reach on this machine; with them a prototype of the shim's path compiled
+(compiled_relay --dataplane: token, pinning, forwarding, the stream held until its first content, usage read, a
+record written; no tickets, no control plane). The c=1 workloads take ~2/3 longer, the long prompt's twice as long;
+not at c=64, where 64 more callers each would load the machine more than a run without them. The pinning relay
+compiled uses its own JSON scanner (bench/compiled_relay/src/scan.rs; --pin, with serde_json, is slower).
 """
 
 from __future__ import annotations
@@ -153,20 +155,26 @@ def long_body() -> dict:
 
 @contextmanager
 def relay_process(upstream: str, with_pid: bool = False, burn_us: float = 0.0, pin: str | None = None,
-                  compiled: str | None = None, scanner: bool = False):
+                  compiled: str | None = None, scanner: bool = False, dataplane: bool = False):
     """bench/tcp_relay.py in front of `upstream`: the floor for one more process on the path. Yields its URL (and
     its pid: `with_pid`). `burn_us`: CPU it spins after passing on each response head; `pin`: a pinning relay,
     which parses each request's body and pins its model (see tcp_relay.py); `compiled`: the path of
     bench/compiled_relay's binary, run instead (no `burn_us`); `scanner`: it pins with its own JSON scanner instead of
-    serde_json (--scan-pin)."""
+    serde_json (--scan-pin); `dataplane`: it runs as the data plane prototype (--dataplane), pinned to BODY's model,
+    taking TOKEN, sending KEY, writing its call records to a temporary file."""
     u = urlparse(upstream)
-    if compiled:
+    env = None
+    if compiled and dataplane:
+        cmd = [compiled, u.hostname, str(u.port), "--dataplane", BODY["model"], TOKEN]
+        env = {**os.environ, "DATAPLANE_UPSTREAM_KEY": KEY,
+               "DATAPLANE_RECORDS": os.path.join(tempfile.mkdtemp(prefix="bench-dataplane-"), "records.jsonl")}
+    elif compiled:
         cmd = [compiled, u.hostname, str(u.port)]
     else:
         cmd = [sys.executable, str(ROOT / "bench" / "tcp_relay.py"), u.hostname, str(u.port),
                *([f"{burn_us:.0f}"] if burn_us else [])]
     proc = subprocess.Popen([*cmd, *(["--scan-pin" if scanner else "--pin", pin] if pin else [])],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True, env=env)
     try:
         url = f"http://127.0.0.1:{proc.stdout.readline().strip()}"
         yield (url, proc.pid) if with_pid else url
@@ -262,13 +270,13 @@ async def latency_lockstep(direct: str, via: str, conc: int, rounds: int) -> dic
     return out
 
 
-# the ways in besides direct and the shim, each a floor: what its report line says it is
-FLOORS = {
-    "relay": ", a bare TCP relay (bench/tcp_relay.py) on the same path",
-    "compiled": ", the same relay compiled (bench/compiled_relay)",
-    "pinning": " for parsing and pinning the body, a pinning relay (tcp_relay.py --pin)",
-    "compiled pinning": " for parsing and pinning the body, compiled (compiled_relay --pin; serde_json)",
-    "compiled scan pinning": " for parsing and pinning the body, compiled, its own scanner (compiled_relay --scan-pin)",
+# the ways in besides direct and the shim: what each one's report line says it is
+WAYS = {
+    "relay": "floor, a bare TCP relay (bench/tcp_relay.py) on the same path",
+    "compiled": "floor, the same relay compiled (bench/compiled_relay)",
+    "pinning": "floor for parsing and pinning the body, a pinning relay (tcp_relay.py --pin)",
+    "compiled scan pinning": "floor for parsing and pinning the body, compiled (compiled_relay --scan-pin)",
+    "dataplane": "the shim's path compiled, a prototype without tickets or control plane (compiled_relay --dataplane)",
 }
 
 
@@ -279,14 +287,16 @@ async def latency_closed(direct: str, via: str, relay: str, conc: int, calls: in
     simulator directly, all running at the same time (so noise hits all three); each caller starts at a random
     offset within one call's duration, then makes `calls` calls back to back. conc=1: one caller of each,
     taking turns in a rotating order. `body`: the request (the shim's callers name a model alias, which the
-    shim rewrites). `more`: more ways in, {name in FLOORS: URL}; a pinning relay (relay_process(pin=...)) is sent
-    the shim's body (it pins the model as the shim does)."""
+    shim rewrites). `more`: more ways in, {name in WAYS: URL}; a pinning relay (relay_process(pin=...)) and the data
+    plane prototype are sent the shim's body (they pin the model as the shim does), the latter with its token."""
     direct_body = body
     shim_body = None if body is None else {**body, "model": "anthropic/" + body["model"]}
     modes = (("direct", direct, {"x-api-key": KEY}, direct_body), ("relay", relay, {"x-api-key": KEY}, direct_body),
              ("shim", via, {"x-api-key": TOKEN}, shim_body))
     for name, url in (more or {}).items():
-        modes += ((name, url, {"x-api-key": KEY}, shim_body if "pinning" in name else direct_body),)
+        as_shim = "pinning" in name or name == "dataplane"
+        modes += ((name, url, {"x-api-key": TOKEN if name == "dataplane" else KEY},
+                   shim_body if as_shim else direct_body),)
     rng = random.Random(seed)
     out = {(m[0], s): [] for m in modes for s in streams}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -336,10 +346,10 @@ def report_latency(res: dict, conc: int, informational: bool = False, tag: str =
                   f"{pct(d, 99):6.2f} | shim p50 {pct(s, 50):6.2f} p99 {pct(s, 99):6.2f} ms (n={len(s)}); end to "
                   f"end: shim - direct p50 {pct(s_raw, 50) - pct(d_raw, 50):+.2f}, "
                   f"p99 {pct(s_raw, 99) - pct(d_raw, 99):+.2f}")
-            for name, floor in FLOORS.items():
+            for name, way in WAYS.items():
                 if (name, stream) in res:
                     r = [getattr(x, point) for x in res[(name, stream)]]
-                    print(f"    {'':16}{what:10}  floor{floor}: p50 {pct(r, 50) - pct(d, 50):+.2f} ms, "
+                    print(f"    {'':16}{what:10}  {way}: p50 {pct(r, 50) - pct(d, 50):+.2f} ms, "
                           f"p99 {pct(r, 99) - pct(d, 99):+.2f} ms")
             if informational:
                 print(f"  info  lockstep burst c={conc} {label} {what}: p50 {p50:+.2f} ms, p99 {p99:+.2f} ms")
@@ -418,13 +428,15 @@ def main() -> int:
               relay_process(sim) as relay, ExitStack() as stack):
             # the compiled relay joins the c=1 workloads only: at c=64 its 64 callers would load the machine more than
             # the runs without it (and move the shim's rows)
-            more = {"compiled": stack.enter_context(relay_process(sim, compiled=compiled))} if compiled else {}
+            more = {name: stack.enter_context(relay_process(sim, compiled=compiled, dataplane=name == "dataplane"))
+                    for name in ("compiled", "dataplane")} if compiled else {}
             # c=1: 100 calls each, so that its p99 is a p99 (of 30, as until 2026-11-30, it was the slowest call: one
             # stall of the VM in any of the three decided the row)
             for conc, calls in ((1, 8 if args.quick else 100), (64, 2 if args.quick else 12)):
                 if conc == 1:
                     print(f"   workload c=1: one caller direct, one via the bare relay, one via the shim"
-                          f"{', one via the compiled relay' if compiled else ''}, taking turns in a rotating order, "
+                          f"{', one via the compiled relay, one via the compiled data plane' if compiled else ''}, "
+                          f"taking turns in a rotating order, "
                           f"{calls} calls each, {THINK_S * 1000:.0f} ms apart")
                 else:
                     print(f"   workload c={conc}: {conc} closed-loop callers via the shim, {conc} via the bare relay "
@@ -435,16 +447,15 @@ def main() -> int:
                 print(f"    the machine's CPUs were {busy.share():.0%} busy during this workload")
                 report_latency(res, conc)
             calls = 8 if args.quick else 60
-            three = "; three more: the bare relay compiled, the pinning one compiled (serde_json; its own scanner)"
+            three = "; three more: the bare relay compiled, the pinning one compiled, the compiled data plane"
             print(f"   workload c=1, long prompt: as c=1, with a {len(json.dumps(long_body())) // 1024} KB prompt "
                   f"naming a model alias (the shim parses it, pins the model and serialises it again), "
                   f"non-stream, {calls} calls each; a fourth caller goes via a pinning relay, which does only that"
                   f"{three if compiled else ''}")
             with relay_process(sim, pin=BODY["model"]) as pinning:
                 if compiled:
-                    for name, scanner in (("compiled pinning", False), ("compiled scan pinning", True)):
-                        more[name] = stack.enter_context(relay_process(sim, pin=BODY["model"], compiled=compiled,
-                                                                       scanner=scanner))
+                    more["compiled scan pinning"] = stack.enter_context(
+                        relay_process(sim, pin=BODY["model"], compiled=compiled, scanner=True))
                 report_latency(asyncio.run(latency_closed(sim, via, relay, 1, calls, body=long_body(),
                                                           streams=(False,), more={"pinning": pinning, **more})),
                                1, tag=" long prompt")

@@ -117,3 +117,44 @@ def test_pinning_relay_pins_every_spelling_of_the_model(pinning_relay):
         assert [int(x.split(b":")[1]) for x in lines if x.lower().startswith(b"content-length:")] == [len(sent)]
     assert json.loads(seen[0][1])["metadata"] == {"model": "nested stays"}
     assert json.loads(seen[0][1])["messages"][0]["content"] == prompt
+
+
+def test_dataplane_prototype_does_the_shims_path(tmp_path):
+    """bench_shim.py --compiled measures compiled_relay --dataplane as the shim's path compiled: so it must take only
+    the local token, send the real key, pin the model, hold a stream's events until its first content, and record
+    each call's usage, against the real simulator."""
+    import anthropic
+    import httpx
+
+    from simulator import SimulatorConfig
+    from simulator.testing import simulator_process
+
+    key, token = "sk-real-" + "x" * 20, "local-token"
+    records = tmp_path / "records.jsonl"
+    with simulator_process(SimulatorConfig(api_key=key, rpm=0, itpm=0, otpm=0)) as sim:
+        host, port = sim.removeprefix("http://").split(":")
+        proc = subprocess.Popen([*_compiled(), host, port, "--dataplane", MODEL, token], stdout=subprocess.PIPE,
+                                text=True, env={"DATAPLANE_UPSTREAM_KEY": key, "DATAPLANE_RECORDS": str(records)})
+        try:
+            base = f"http://127.0.0.1:{int(proc.stdout.readline())}"
+            client = anthropic.Anthropic(base_url=base, api_key=token, max_retries=0)
+            ask = {"model": "anthropic/alias", "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}]}
+            answer = client.messages.create(**ask)
+            assert answer.model == MODEL and answer.usage.output_tokens > 0
+            with client.messages.stream(**ask) as stream:
+                text = "".join(stream.text_stream)
+                final = stream.get_final_message()
+            assert text and final.model == MODEL
+            with pytest.raises(anthropic.AuthenticationError):
+                anthropic.Anthropic(base_url=base, api_key=key, max_retries=0).messages.create(**ask)
+            bad = httpx.post(f"{base}/v1/messages", content=b"{not json", headers={"x-api-key": token})
+            assert bad.status_code == 400 and bad.headers["x-should-retry"] == "false"
+        finally:
+            proc.kill()
+            proc.wait()
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    assert [(r["status"], r["stream"], r["max_tokens"]) for r in rows] == [(200, False, 32), (200, True, 32)]
+    assert rows[0]["output_tokens"] == answer.usage.output_tokens
+    assert rows[1]["output_tokens"] == final.usage.output_tokens
+    assert rows[1]["input_tokens"] + rows[1]["cached_tokens"] == final.usage.input_tokens + (
+        final.usage.cache_read_input_tokens or 0)

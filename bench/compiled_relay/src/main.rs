@@ -19,6 +19,7 @@ use std::thread;
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
+mod dataplane;
 mod scan;
 
 /// A JSON object's members in order, each value as its raw text.
@@ -164,6 +165,15 @@ fn main() {
         std::process::exit(2);
     }
     let upstream = format!("{}:{}", args[1], args[2]);
+    if let Some(i) = args.iter().position(|a| a == "--dataplane") {
+        match (args.get(i + 1).cloned(), args.get(i + 2).cloned()) {
+            (Some(model), Some(token)) => return dataplane_main(upstream, model, token),
+            _ => {
+                eprintln!("usage: compiled_relay UPSTREAM_HOST UPSTREAM_PORT --dataplane MODEL LOCAL_TOKEN");
+                std::process::exit(2);
+            }
+        }
+    }
     let pin = args
         .iter()
         .position(|a| a == "--pin" || a == "--scan-pin")
@@ -175,6 +185,26 @@ fn main() {
         thread::spawn(move || {
             if let Err(e) = serve(down, &upstream, pin.as_ref().map(|(m, s)| (m.as_str(), *s))) {
                 eprintln!("compiled_relay: {e}");
+            }
+        });
+    }
+}
+
+/// --dataplane MODEL LOCAL_TOKEN: the data plane prototype (src/dataplane.rs), a thread per harness connection.
+fn dataplane_main(upstream: String, model: String, token: String) {
+    let key = std::env::var("DATAPLANE_UPSTREAM_KEY").unwrap_or_default();
+    let records = std::env::var_os("DATAPLANE_RECORDS").map(|p| {
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(p).expect("DATAPLANE_RECORDS");
+        std::sync::Mutex::new(file)
+    });
+    let plane = std::sync::Arc::new(dataplane::DataPlane { upstream, model, token, key, records });
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
+    println!("{}", listener.local_addr().expect("local address").port());
+    for down in listener.incoming().flatten() {
+        let plane = plane.clone();
+        thread::spawn(move || {
+            if let Err(e) = plane.serve(down) {
+                eprintln!("compiled_relay --dataplane: {e}");
             }
         });
     }
