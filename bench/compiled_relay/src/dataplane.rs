@@ -27,8 +27,17 @@ pub struct DataPlane {
 }
 
 const HOP: [&str; 11] = [
-    "connection", "keep-alive", "transfer-encoding", "content-length", "host", "x-api-key", "authorization",
-    "accept-encoding", "expect", "te", "upgrade",
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "content-length",
+    "host",
+    "x-api-key",
+    "authorization",
+    "accept-encoding",
+    "expect",
+    "te",
+    "upgrade",
 ];
 
 /// Reads into `buf` until it holds `need` bytes; false at EOF.
@@ -64,7 +73,10 @@ fn parse_head(head: &[u8]) -> Option<(&str, Vec<(String, &str)>)> {
     let mut lines = text.split("\r\n");
     let first = lines.next()?;
     let headers = lines
-        .map(|l| l.split_once(':').map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim())))
+        .map(|l| {
+            l.split_once(':')
+                .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim()))
+        })
         .collect::<Option<Vec<_>>>()?;
     Some((first, headers))
 }
@@ -74,7 +86,11 @@ fn header<'a>(headers: &'a [(String, &str)], name: &str) -> Option<&'a str> {
 }
 
 fn reply(down: &mut TcpStream, status: &str, body: &str) -> io::Result<()> {
-    let msg = format!("HTTP/1.1 {status}\r\ncontent-type: application/json\r\nx-should-retry: false\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+    let msg = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\nx-should-retry: false\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
     down.write_all(msg.as_bytes())
 }
 
@@ -82,7 +98,12 @@ fn reply(down: &mut TcpStream, status: &str, body: &str) -> io::Result<()> {
 #[derive(Default)]
 struct Usage([u64; 4]);
 
-const USAGE_NAMES: [&str; 4] = ["input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens", "output_tokens"];
+const USAGE_NAMES: [&str; 4] = [
+    "input_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "output_tokens",
+];
 
 impl Usage {
     /// Takes what a `usage` object holds (a later event's counts replace an earlier one's).
@@ -106,7 +127,9 @@ impl DataPlane {
                 Some(h) => h,
                 None => return reply(&mut down, "400 Bad Request", r#"{"error":"bad head"}"#),
             };
-            let size: usize = header(&headers, "content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
+            let size: usize = header(&headers, "content-length")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
             let path = first.split(' ').nth(1).unwrap_or("/").to_string();
             let bearer = header(&headers, "authorization").and_then(|v| v.strip_prefix("Bearer "));
             let authorized = header(&headers, "x-api-key").or(bearer) == Some(self.token.as_str());
@@ -122,22 +145,23 @@ impl DataPlane {
             if !authorized {
                 reply(&mut down, "401 Unauthorized", r#"{"error":"invalid local token"}"#)?;
             } else if let Some(members) = scan::members(body) {
-                let value = |name: &str| members.iter().rev().find(|m| m.name == name).map(|m| &body[m.value.clone()]);
+                let value = |name: &str| {
+                    members
+                        .iter()
+                        .rev()
+                        .find(|m| m.name == name)
+                        .map(|m| &body[m.value.clone()])
+                };
                 let stream = value("stream") == Some(b"true");
-                let max_tokens: u64 = value("max_tokens").and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()).unwrap_or(0);
-                let mut pinned = Vec::with_capacity(body.len() + 64);
-                pinned.extend_from_slice(b"{\"model\":");
-                serde_json::to_writer(&mut pinned, &self.model)?;
-                for m in members.iter().filter(|m| m.name != "model") {
-                    pinned.push(b',');
-                    pinned.extend_from_slice(&body[m.key.clone()]);
-                    pinned.push(b':');
-                    pinned.extend_from_slice(&body[m.value.clone()]);
-                }
-                pinned.push(b'}');
+                let max_tokens: u64 = value("max_tokens")
+                    .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
+                    .unwrap_or(0);
+                let pinned = scan::pinned(body, &members, &self.model);
                 let mut request = format!(
                     "POST {path} HTTP/1.1\r\nhost: {}\r\nx-api-key: {}\r\ncontent-length: {}\r\n",
-                    self.upstream, self.key, pinned.len()
+                    self.upstream,
+                    self.key,
+                    pinned.len()
                 )
                 .into_bytes();
                 request.extend_from_slice(&passed);
@@ -153,7 +177,11 @@ impl DataPlane {
                 let (status, usage) = self.answer(&mut down, ups, ubuf)?;
                 self.record(status, stream, max_tokens, &usage, t0);
             } else {
-                reply(&mut down, "400 Bad Request", r#"{"error":"request body is not a JSON object"}"#)?;
+                reply(
+                    &mut down,
+                    "400 Bad Request",
+                    r#"{"error":"request body is not a JSON object"}"#,
+                )?;
             }
             buf.drain(..end + 4 + size);
         }
@@ -208,8 +236,13 @@ impl DataPlane {
     }
 
     /// A chunked SSE body: events held back until the first content event, then passed on as they arrive.
-    fn relay_events(&self, down: &mut TcpStream, up: &mut TcpStream, ubuf: &mut Vec<u8>, usage: &mut Usage)
-                    -> io::Result<()> {
+    fn relay_events(
+        &self,
+        down: &mut TcpStream,
+        up: &mut TcpStream,
+        ubuf: &mut Vec<u8>,
+        usage: &mut Usage,
+    ) -> io::Result<()> {
         let mut events: Vec<u8> = Vec::new(); // decoded, not yet split into whole events
         let mut out: Vec<u8> = Vec::new(); // whole events not yet passed on
         let mut content = false;

@@ -75,18 +75,7 @@ fn pinned(body: &[u8], model: &str) -> Option<Vec<u8>> {
 
 /// `pinned`, with the body checked and split by the scanner.
 fn scan_pinned(body: &[u8], model: &str) -> Option<Vec<u8>> {
-    let members = scan::members(body)?;
-    let mut out = Vec::with_capacity(body.len() + model.len() + 16);
-    out.extend_from_slice(b"{\"model\":");
-    serde_json::to_writer(&mut out, model).ok()?;
-    for m in members.iter().filter(|m| m.name != "model") {
-        out.push(b',');
-        out.extend_from_slice(&body[m.key.clone()]);
-        out.push(b':');
-        out.extend_from_slice(&body[m.value.clone()]);
-    }
-    out.push(b'}');
-    Some(out)
+    Some(scan::pinned(body, &scan::members(body)?, model))
 }
 
 /// Requests from the harness, each pinned and sent on once it is whole.
@@ -106,7 +95,11 @@ fn pin_requests(mut down: TcpStream, mut up: TcpStream, model: &str, scanner: bo
                 break;
             }
             let request = &buf[end + 4..end + 4 + size];
-            let body = match if scanner { scan_pinned(request, model) } else { pinned(request, model) } {
+            let body = match if scanner {
+                scan_pinned(request, model)
+            } else {
+                pinned(request, model)
+            } {
                 Some(body) => body,
                 None => break 'read,
             };
@@ -194,10 +187,20 @@ fn main() {
 fn dataplane_main(upstream: String, model: String, token: String) {
     let key = std::env::var("DATAPLANE_UPSTREAM_KEY").unwrap_or_default();
     let records = std::env::var_os("DATAPLANE_RECORDS").map(|p| {
-        let file = std::fs::OpenOptions::new().create(true).append(true).open(p).expect("DATAPLANE_RECORDS");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .expect("DATAPLANE_RECORDS");
         std::sync::Mutex::new(file)
     });
-    let plane = std::sync::Arc::new(dataplane::DataPlane { upstream, model, token, key, records });
+    let plane = std::sync::Arc::new(dataplane::DataPlane {
+        upstream,
+        model,
+        token,
+        key,
+        records,
+    });
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
     println!("{}", listener.local_addr().expect("local address").port());
     for down in listener.incoming().flatten() {

@@ -14,6 +14,22 @@ pub struct Member<'a> {
 
 const MAX_DEPTH: usize = 128;
 
+/// A JSON object's text from its `members` (found in `body`) with "model" first and set to `model`, every other
+/// member as it was (a repeated "model", however spelled, left out).
+pub fn pinned(body: &[u8], members: &[Member], model: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len() + model.len() + 16);
+    out.extend_from_slice(b"{\"model\":");
+    serde_json::to_writer(&mut out, model).expect("a string serialises");
+    for m in members.iter().filter(|m| m.name != "model") {
+        out.push(b',');
+        out.extend_from_slice(&body[m.key.clone()]);
+        out.push(b':');
+        out.extend_from_slice(&body[m.value.clone()]);
+    }
+    out.push(b'}');
+    out
+}
+
 /// The members of a JSON text that is an object, in order (a repeated key appears each time), or None if it is
 /// not valid JSON or not an object.
 pub fn members(b: &[u8]) -> Option<Vec<Member<'_>>> {
@@ -42,7 +58,11 @@ pub fn members(b: &[u8]) -> Option<Vec<Member<'_>>> {
         }
         let start = ws(b, i + 1);
         let end = value(b, start, 1)?;
-        out.push(Member { name, key, value: start..end });
+        out.push(Member {
+            name,
+            key,
+            value: start..end,
+        });
         i = ws(b, end);
         match b.get(i) {
             Some(b',') => i = ws(b, i + 1),
@@ -208,7 +228,15 @@ mod tests {
         assert_eq!(&doc[m[1].key.clone()], br#""mod\u0065l""#);
         assert_eq!(&doc[m[1].value.clone()], br#"{"model": 1}"#);
         assert_eq!(&doc[m[3].value.clone()], b"null");
-        for bad in [&b"[1]"[..], b"{}x", b"{\"a\":1,}", b"{\"a\":01}", b"{\"a\":\"\x1f\"}", b"\"s\"", b""] {
+        for bad in [
+            &b"[1]"[..],
+            b"{}x",
+            b"{\"a\":1,}",
+            b"{\"a\":01}",
+            b"{\"a\":\"\x1f\"}",
+            b"\"s\"",
+            b"",
+        ] {
             assert!(members(bad).is_none(), "{:?}", String::from_utf8_lossy(bad));
         }
         assert!(members(b"{}").unwrap().is_empty());
