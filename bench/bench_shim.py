@@ -154,33 +154,40 @@ def long_body() -> dict:
 
 
 @contextmanager
-def relay_process(upstream: str, with_pid: bool = False, burn_us: float = 0.0, pin: str | None = None,
-                  compiled: str | None = None, scanner: bool = False, dataplane: bool = False):
-    """bench/tcp_relay.py in front of `upstream`: the floor for one more process on the path. Yields its URL (and
-    its pid: `with_pid`). `burn_us`: CPU it spins after passing on each response head; `pin`: a pinning relay,
-    which parses each request's body and pins its model (see tcp_relay.py); `compiled`: the path of
-    bench/compiled_relay's binary, run instead (no `burn_us`); `scanner`: it pins with its own JSON scanner instead of
-    serde_json (--scan-pin); `dataplane`: it runs as the data plane prototype (--dataplane), pinned to BODY's model,
-    taking TOKEN, sending KEY, writing its call records to a temporary file."""
-    u = urlparse(upstream)
-    env = None
-    if compiled and dataplane:
-        cmd = [compiled, u.hostname, str(u.port), "--dataplane", BODY["model"], TOKEN]
-        env = {**os.environ, "DATAPLANE_UPSTREAM_KEY": KEY,
-               "DATAPLANE_RECORDS": os.path.join(tempfile.mkdtemp(prefix="bench-dataplane-"), "records.jsonl")}
-    elif compiled:
-        cmd = [compiled, u.hostname, str(u.port)]
-    else:
-        cmd = [sys.executable, str(ROOT / "bench" / "tcp_relay.py"), u.hostname, str(u.port),
-               *([f"{burn_us:.0f}"] if burn_us else [])]
-    proc = subprocess.Popen([*cmd, *(["--scan-pin" if scanner else "--pin", pin] if pin else [])],
-                            stdout=subprocess.PIPE, text=True, env=env)
+def _listening(cmd: list[str], env: dict | None = None):
+    """A relay process that prints the port it listens on: yields (its URL, its pid); kills it after."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     try:
-        url = f"http://127.0.0.1:{proc.stdout.readline().strip()}"
-        yield (url, proc.pid) if with_pid else url
+        yield f"http://127.0.0.1:{proc.stdout.readline().strip()}", proc.pid
     finally:
         proc.kill()
         proc.wait()
+
+
+@contextmanager
+def relay_process(upstream: str, with_pid: bool = False, burn_us: float = 0.0, pin: str | None = None):
+    """bench/tcp_relay.py in front of `upstream`: the floor for one more process on the path. Yields its URL (and
+    its pid: `with_pid`). `burn_us`: CPU it spins after passing on each response head; `pin`: a pinning relay,
+    which parses each request's body and pins its model (see tcp_relay.py)."""
+    u = urlparse(upstream)
+    with _listening([sys.executable, str(ROOT / "bench" / "tcp_relay.py"), u.hostname, str(u.port),
+                     *([f"{burn_us:.0f}"] if burn_us else []), *(["--pin", pin] if pin else [])]) as (url, pid):
+        yield (url, pid) if with_pid else url
+
+
+@contextmanager
+def compiled_process(binary: str, upstream: str, *mode: str):
+    """bench/compiled_relay's `binary` in front of `upstream`; `mode`: none (a bare relay), ("--scan-pin", MODEL)
+    or ("--dataplane",): the data plane prototype, pinned to BODY's model, taking TOKEN, sending KEY, writing its
+    call records to a temporary file. Yields its URL."""
+    u = urlparse(upstream)
+    cmd, env = [binary, u.hostname, str(u.port), *mode], None
+    with tempfile.TemporaryDirectory(prefix="bench-dataplane-") as tmp:
+        if mode == ("--dataplane",):
+            cmd += [BODY["model"], TOKEN]
+            env = {**os.environ, "DATAPLANE_UPSTREAM_KEY": KEY, "DATAPLANE_RECORDS": os.path.join(tmp, "records.jsonl")}
+        with _listening(cmd, env) as (url, _):
+            yield url
 
 
 @contextmanager
@@ -426,10 +433,10 @@ def main() -> int:
                                  report_timing=True)
         with (simulator_process(paced) as sim, shim_process(sim, args.valkey, run) as (via, proc, _),
               relay_process(sim) as relay, ExitStack() as stack):
-            # the compiled relay joins the c=1 workloads only: at c=64 its 64 callers would load the machine more than
-            # the runs without it (and move the shim's rows)
-            more = {name: stack.enter_context(relay_process(sim, compiled=compiled, dataplane=name == "dataplane"))
-                    for name in ("compiled", "dataplane")} if compiled else {}
+            # the compiled ways join the c=1 workloads only: at c=64 their callers would load the machine more than
+            # the runs without them (and move the shim's rows)
+            more = {name: stack.enter_context(compiled_process(compiled, sim, *mode))
+                    for name, mode in (("compiled", ()), ("dataplane", ("--dataplane",)))} if compiled else {}
             # c=1: 100 calls each, so that its p99 is a p99 (of 30, as until 2026-11-30, it was the slowest call: one
             # stall of the VM in any of the three decided the row)
             for conc, calls in ((1, 8 if args.quick else 100), (64, 2 if args.quick else 12)):
@@ -455,7 +462,7 @@ def main() -> int:
             with relay_process(sim, pin=BODY["model"]) as pinning:
                 if compiled:
                     more["compiled scan pinning"] = stack.enter_context(
-                        relay_process(sim, pin=BODY["model"], compiled=compiled, scanner=True))
+                        compiled_process(compiled, sim, "--scan-pin", BODY["model"]))
                 report_latency(asyncio.run(latency_closed(sim, via, relay, 1, calls, body=long_body(),
                                                           streams=(False,), more={"pinning": pinning, **more})),
                                1, tag=" long prompt")

@@ -1,7 +1,8 @@
-"""The bench's pinning relays (bench/tcp_relay.py --pin, and bench/compiled_relay --pin) really pin: they are the
-floors the shim's long-prompt row is read against, so each must do at least what the shim does to a request's
-model: every top-level "model" key replaced, however spelled, the rest of the body and nested "model"s kept,
-Content-Length made right, and requests on a kept-alive connection each handled."""
+"""The bench's yardsticks do what they stand for. Its pinning relays (bench/tcp_relay.py --pin, bench/compiled_relay
+--pin and --scan-pin) are the floors the shim's long-prompt row is read against, so each must do at least what the
+shim does to a request's model: every top-level "model" key replaced, however spelled, the rest of the body and
+nested "model"s kept, Content-Length made right, and requests on a kept-alive connection each handled. The data
+plane prototype (compiled_relay --dataplane) stands for the shim's path compiled."""
 
 from __future__ import annotations
 
