@@ -16,6 +16,7 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::thread;
 
+use memchr::memmem::find;
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
@@ -43,10 +44,6 @@ impl<'de> Deserialize<'de> for Members<'de> {
         }
         d.deserialize_map(V)
     }
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 /// A request head's Content-Length: (its value, where its header line starts and ends in the head).
@@ -171,12 +168,18 @@ fn main() {
         .iter()
         .position(|a| a == "--pin" || a == "--scan-pin")
         .and_then(|i| Some((args.get(i + 1)?.clone(), args[i] == "--scan-pin")));
+    listen(move |down| serve(down, &upstream, pin.as_ref().map(|(m, s)| (m.as_str(), *s))));
+}
+
+/// Listens on a free loopback port, prints it, and runs `handle` on each connection in a thread of its own.
+fn listen(handle: impl Fn(TcpStream) -> std::io::Result<()> + Send + Sync + 'static) {
+    let handle = std::sync::Arc::new(handle);
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
     println!("{}", listener.local_addr().expect("local address").port());
     for down in listener.incoming().flatten() {
-        let (upstream, pin) = (upstream.clone(), pin.clone());
+        let handle = handle.clone();
         thread::spawn(move || {
-            if let Err(e) = serve(down, &upstream, pin.as_ref().map(|(m, s)| (m.as_str(), *s))) {
+            if let Err(e) = handle(down) {
                 eprintln!("compiled_relay: {e}");
             }
         });
@@ -194,21 +197,12 @@ fn dataplane_main(upstream: String, model: String, token: String) {
             .expect("DATAPLANE_RECORDS");
         std::sync::Mutex::new(file)
     });
-    let plane = std::sync::Arc::new(dataplane::DataPlane {
+    let plane = dataplane::DataPlane {
         upstream,
         model,
         token,
         key,
         records,
-    });
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
-    println!("{}", listener.local_addr().expect("local address").port());
-    for down in listener.incoming().flatten() {
-        let plane = plane.clone();
-        thread::spawn(move || {
-            if let Err(e) = plane.serve(down) {
-                eprintln!("compiled_relay --dataplane: {e}");
-            }
-        });
-    }
+    };
+    listen(move |down| plane.serve(down));
 }
