@@ -93,6 +93,9 @@ _FIELDS: dict[str, tuple[Any, Any, tuple[str, float] | None]] = {
     "flush_on_exit": ("bool", True, None),
     "max_body_bytes": ("int", 32 << 20, ("ge", 1024)),  # larger requests get 413 (Anthropic's limit: 32 MB)
     "max_stream_buffer_bytes": ("int", 1 << 20, None),  # pre-content buffer (for transparent retries)
+    # who serves the harness: "python" (shim/server.py alone) or "compiled" (shim/dataplane, with this process
+    # as its control plane: shim/front.py; an https upstream stays with "python")
+    "dataplane": (("python", "compiled"), "python", None),
 }
 _BATCH_SIZE_MAX = 200
 
@@ -218,6 +221,7 @@ class ShimConfig:
     flush_on_exit: bool
     max_body_bytes: int
     max_stream_buffer_bytes: int
+    dataplane: str
 
     def __init__(self, **fields: Any):
         unknown = set(fields) - set(_FIELDS)

@@ -209,7 +209,7 @@ class Gate:
                     if not t.booked:
                         return Gated(0, False, 0.0, False, t.hold_id, t.pace)
                     return Gated(0, True, max(0.0, (t.start_at - now) * 1000), True, t.hold_id, t.pace)
-            give_back += self._give_back_cmds(t)
+            give_back += self.give_back_cmds(t)
             break  # one ticket per call: the others stay for the calls beside it
         if est_micro is None:
             est_micro, pace = need()
@@ -267,7 +267,8 @@ class Gate:
         p.fut.set_result(Ticket(p.hold_id, p.est_micro, p.pace, p.size, int(ok) == 1,
                                 now + float(wait_ms) / 1000, now + self.ticket_ttl_s))
 
-    def _give_back_cmds(self, t: Ticket) -> list[tuple]:
+    def give_back_cmds(self, t: Ticket) -> list[tuple]:
+        """A ticket given back: its hold released and its pool booking refunded."""
         self.stats["returned"] += 1
         cmds = [self.budget.settle_cmd(t.hold_id, 0)]
         if t.booked:
@@ -290,7 +291,7 @@ class Gate:
             if t is None:
                 continue
             if everything or now >= t.expires_at:
-                cmds += self._give_back_cmds(t)
+                cmds += self.give_back_cmds(t)
             else:
                 keep.append(fut)
                 self._first_expiry = min(self._first_expiry, t.expires_at)

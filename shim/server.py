@@ -16,8 +16,10 @@ from typing import Any
 from contract import pricing
 from shim.caps import ATTEMPT_CAP, Budget, LocalBudget, ValkeyBudget, micro
 from shim.config import ShimConfig
-from shim.gate import Gate
+from shim.front import DataPlane
+from shim.gate import Gate, Ticket
 from shim.http import (
+    Headers,
     Request,
     Responder,
     Response,
@@ -29,7 +31,7 @@ from shim.http import (
 from shim.kv import KV, as_kv
 from shim.ledger import Ledger
 from shim.pacer import NoopPacer, Pacer, PaceRequest, ValkeyPacer, throttled_dimension
-from shim.progress import Progress
+from shim.progress import DISCOVERY_EVERY_S, Progress
 from shim.retry import Backoff, retry_after_s
 from shim.stream import CLIENT_GONE, StreamRelay
 from shim.wire import (
@@ -58,7 +60,8 @@ _HOP = frozenset(
 )
 # content-encoding passes through with the bytes downstream (we ask for identity anyway);
 # content-encoding upstream: shim/http.py has already decoded the harness's body, and we send it as read
-_DROP_UP = _HOP | {"authorization", "x-api-key", "accept-encoding", "cookie", "content-encoding", "expect"}
+_DROP_UP = _HOP | {"authorization", "x-api-key", "accept-encoding", "cookie", "content-encoding", "expect",
+                   "x-evalplane-resume", "x-evalplane-ticket"}  # the last two: from the compiled data plane
 NO_RETRY = (("x-should-retry", "false"),)
 _JSON = ("Content-Type", "application/json")
 _UPSTREAM_ERRORS = (UpstreamError, TimeoutError, OSError)
@@ -199,6 +202,12 @@ class Shim:
         self._unfinished: list[Call] = []  # calls whose bookkeeping waits (_finish_soon)
         self._finish_timer: asyncio.TimerHandle | None = None
         self.ready = False
+        # the compiled data plane (shim/front.py), when it serves the harness: tickets lent to it (by hold id), and
+        # its calls between `begin` and `end` or a resume (by call id)
+        self.dataplane: DataPlane | None = None
+        self._lent: dict[str, Ticket] = {}
+        self._fast: dict[str, tuple[Call, PaceRequest]] = {}
+        self._discover_asked = 0.0
 
     # ------------------------------------------------------------ lifecycle
 
@@ -212,7 +221,17 @@ class Shim:
 
     async def dispatch(self, request: Request, resp: Responder) -> None:
         """Routes: POST /v1/chat/completions, /v1/messages (and without /v1); GET /_shim/health, /_shim/status;
-        anything else is an unknown route (404, with a ledger row)."""
+        anything else is an unknown route (404, with a ledger row). With the compiled data plane, requests come
+        from it: a call it hands over after a failed attempt (`x-evalplane-resume`), or one it did not take (with
+        the ticket it took for it, if any: `x-evalplane-ticket`)."""
+        if self.dataplane is not None:
+            headers = request.headers
+            if "x-evalplane-resume" in headers:
+                await self.resume(request, resp)
+                return
+            returned = headers.get("x-evalplane-ticket")
+            if returned is not None:
+                self._returned(returned)
         if request.method == "POST":
             kind = self._routes.get(request.path)
             if kind is not None:
@@ -254,7 +273,16 @@ class Shim:
         self.http = Upstream(self.upstream, cfg.connect_timeout_s, cfg.sock_read_timeout_s)
         self.ledger.start()
         self.server = Server(self.dispatch, cfg.max_body_bytes)
-        self.port = await self.server.start(cfg.listen_host, cfg.listen_port)
+        compiled = cfg.dataplane == "compiled"
+        if compiled and (why := DataPlane.usable(cfg.upstream_url)):
+            log.warning("dataplane: compiled was asked for, but %s: the Python shim serves the harness", why)
+            compiled = False
+        if compiled:
+            inner = await self.server.start("127.0.0.1", 0)  # the data plane's way in, for what it hands over
+            self.dataplane = DataPlane(self._on_dataplane)
+            self.port = await self.dataplane.start(cfg, inner, self._key, self._default_max_out())
+        else:
+            self.port = await self.server.start(cfg.listen_host, cfg.listen_port)
         await self.progress.publish(self._progress_fields())
         self._heartbeat = asyncio.create_task(self._beat(), name="progress-heartbeat")
         self.ready = True
@@ -262,14 +290,17 @@ class Shim:
             tmp = cfg.port_file.with_name(cfg.port_file.name + ".tmp")
             tmp.write_text(str(self.port))
             os.replace(tmp, cfg.port_file)
-        log.info("shim ready on %s:%d -> %s (%s, model %s)", cfg.listen_host, self.port, self.upstream,
-                 cfg.provider, cfg.model)
+        log.info("shim ready on %s:%d -> %s (%s, model %s, %s data plane)", cfg.listen_host, self.port,
+                 self.upstream, cfg.provider, cfg.model, "compiled" if self.dataplane else "python")
         self.ledger.warm()  # after the port file: the harness can start while boto3 loads
         return self.port
 
     async def stop(self) -> bool:
         """Stop serving (in-flight calls get shutdown_timeout_s), flush the ledger, write status."""
         self.ready = False
+        if self.dataplane is not None:  # it finishes its calls in flight, then exits
+            await self.dataplane.stop(self.cfg.shutdown_timeout_s)
+            self._lost_fast_calls()
         if self.server is not None:
             await self.server.shutdown(self.cfg.shutdown_timeout_s)
         self._finish_pending()
@@ -310,6 +341,7 @@ class Shim:
     async def _give_back(self, everything: bool = False) -> None:
         """Give back tickets that were not used in time (at shutdown, all of them)."""
         cmds = self.gate.expired_cmds(everything) if self.gate is not None else []
+        cmds += self._lent_expired_cmds(everything)
         if not cmds:
             return
         try:
@@ -335,6 +367,8 @@ class Shim:
             "unsent_seqs": list(self.ledger.pending_seqs),
             # calls that went on a ticket (no Valkey round trip), tickets taken and given back (shim/gate.py)
             "tickets": dict(self.gate.stats) if self.gate is not None else {},
+            "dataplane": "compiled" if self.dataplane is not None else "python",
+            "tickets_lent": len(self._lent),
         }
 
     def _progress_fields(self) -> dict[str, Any]:
@@ -505,6 +539,7 @@ class Shim:
     async def _after_combined(self, call: Call, fields: dict[str, Any], gate: Gate) -> None:
         """_after with a combined gate: expired tickets given back, then one AFTER script."""
         cmds = gate.expired_cmds()  # tickets past their time, given back before new ones are taken
+        cmds += self._lent_expired_cmds()
         n = len(cmds)
         pool = None if call.final_pace is None else ValkeyPacer.settle_args(*self._pool_actuals(call))
         wanted = (gate.tickets_wanted(self.in_flight)
@@ -543,6 +578,216 @@ class Shim:
             return
         for ticket, reply in zip(tickets, last, strict=True):
             gate.ticket_taken(ticket, reply)
+        if self.dataplane is not None:
+            self._lend()
+
+    # ------------------------------------------------------------ the compiled data plane (shim/front.py)
+
+    def _default_max_out(self) -> int:
+        return min((self.price.max_output_tokens if self.price else None) or DEFAULT_MAX_OUTPUT, DEFAULT_MAX_OUTPUT)
+
+    def _lend(self) -> None:
+        """Lend the data plane the tickets that are in (booked, sized, not about to expire), while the turn cap
+        leaves room for the calls they would carry."""
+        dp, gate = self.dataplane, self.gate
+        if dp is None or not dp.alive or self.stopped is not None or not self.ready:
+            return
+        max_turns = self.cfg.limits.max_turns
+        now = time.monotonic()
+        while gate.tickets and gate.tickets[0].done():
+            t: Ticket | None = gate.tickets[0].result()
+            if t is None:
+                gate.tickets.popleft()
+                continue
+            if not t.booked or t.size is None or now >= t.expires_at - 2:
+                return  # for a call that comes here (shim/gate.py asks for itself, as before)
+            if max_turns is not None and self.turns + len(self._lent) >= max_turns:
+                return
+            gate.tickets.popleft()
+            self._lent[t.hold_id] = t
+            dp.send({"t": "ticket", "id": t.hold_id, "call": _new_id(), "bytes": t.size[0], "max_out": t.size[1],
+                     "wait_ms": max(0.0, (t.start_at - now) * 1000), "ttl_ms": (t.expires_at - now) * 1000})
+
+    def _lent_expired_cmds(self, everything: bool = False) -> list[tuple]:
+        """Give back lent tickets past their time (the data plane stops using one a second before)."""
+        if not self._lent:
+            return []
+        now = time.monotonic()
+        gone = [k for k, t in self._lent.items() if everything or now >= t.expires_at]
+        cmds: list[tuple] = []
+        for k in gone:
+            cmds += self.gate.give_back_cmds(self._lent.pop(k))
+        return cmds
+
+    def _returned(self, value: str) -> None:
+        """A ticket the data plane took for a call it then handed over: the call's to use or give back, here."""
+        secret, _, hold_id = value.partition(" ")
+        if not hmac.compare_digest(secret.encode(), self.dataplane.secret.encode()):
+            return
+        t = self._lent.pop(hold_id, None)
+        if t is not None:
+            fut = self._loop.create_future()
+            fut.set_result(t)
+            self.gate.tickets.appendleft(fut)
+
+    def _on_dataplane(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("t")
+        if kind == "begin":
+            self._fast_begin(msg)
+        elif kind == "end":
+            self._fast_end(msg)
+        elif kind == "lost":
+            if self.ready:
+                log.error("the compiled data plane exited: the harness cannot reach the shim")
+                self.ready = False
+            self._lost_fast_calls()
+
+    def _fast_begin(self, msg: dict[str, Any]) -> None:
+        """A call on a lent ticket is going upstream: counted, its turn taken, its hold and booking the ticket's."""
+        t = self._lent.pop(msg["ticket"], None)
+        call = self._begin(MESSAGES if msg["kind"] == "messages" else CHAT, msg["route"])
+        call.call_id = msg["call"]
+        call.started_at = msg["started_at"]
+        call.stream = msg["stream"]
+        call.payload_bytes = msg["bytes"]
+        call.max_out = msg["max_out"]
+        self.turns += 1
+        if t is None:  # given back already (it should not be: the data plane stops using one early)
+            log.error("call %s went on a ticket no longer held", call.call_id)
+            pace = self._pace_request(call.payload_bytes, call.max_out)
+        else:
+            self.gate.stats["used"] += 1
+            call.hold_id = t.hold_id
+            pace = t.pace
+        self._fast[call.call_id] = (call, pace)
+
+    def _fast_end(self, msg: dict[str, Any]) -> None:
+        """A call the data plane answered: metered from what it read, then the usual bookkeeping (_finish)."""
+        entry = self._fast.pop(msg["call"], None)
+        if entry is None:
+            return
+        call, pace = entry
+        call.pacer_wait_ms += msg["pacer_wait_ms"]
+        limits = msg.get("limits")
+        if limits:
+            found = self.progress.discovered(Headers([tuple(kv) for kv in limits]), force=True)
+            if found:
+                self._spawn(self.progress.record(found))
+        now = time.monotonic()
+        if now - self._discover_asked >= DISCOVERY_EVERY_S:
+            self._discover_asked = now
+            self.dataplane.send({"t": "discover"})
+        call.http_status = 200
+        meter = msg.get("meter")
+        if meter is None:
+            call.answered = True
+            raw = msg.get("usage")
+            try:
+                raw = loads(raw) if raw else None
+            except ValueError:
+                raw = None
+            used = self._account(call, raw if isinstance(raw, dict) else None, estimated=False)
+        else:
+            meter = self._meter(call.kind, meter)
+            cut = msg.get("failure") if msg.get("outcome") == "cut" else None
+            if cut is None and meter.error is None and not meter.done:
+                cut = "upstream stream ended early"
+            complete = cut is None and meter.error is None
+            used = self._stream_usage(call, meter, complete=complete)
+            call.outcome = "ok" if complete else "stream_error"
+            if cut is not None:
+                log.warning("stream cut: %s", cut)
+        call.final_pace = (pace, used)
+        call.t0 = time.monotonic() - msg["latency_ms"] / 1000
+        self._finish_soon(call)
+
+    @staticmethod
+    def _meter(kind: str, m: dict[str, Any]) -> StreamMeter:
+        """A stream's meter from what the data plane kept of it: the usage and error events, and its counts."""
+        meter = StreamMeter(kind)
+        for event, data in m["events"]:
+            meter.on_event(event.encode() if event is not None else None, data.encode())
+        meter.meaningful = m["meaningful"]
+        meter.done = m["done"]
+        meter.delta_tokens = m["delta_tokens"]
+        meter.error_before_content = m["error_before_content"]
+        return meter
+
+    def _lost_fast_calls(self) -> None:
+        """Calls the data plane began and never ended (it exited): each still gets its row, estimated."""
+        calls, self._fast = list(self._fast.values()), {}
+        for call, pace in calls:
+            call.outcome = "cancelled"
+            call.final_pace = (pace, self._account(call, None, True))
+            self._finish_soon(call)
+
+    async def resume(self, request: Request, resp: Responder) -> None:
+        """A call the data plane began and handed over after its attempt failed: that attempt's bookkeeping as
+        _forward would have done it, then the retries from here (the request body is the payload it sent)."""
+        entry = None
+        try:
+            info = json.loads(request.headers["x-evalplane-resume"])
+            if hmac.compare_digest(str(info["secret"]).encode(), self.dataplane.secret.encode()):
+                entry = self._fast.pop(info["call"], None)
+        except (ValueError, KeyError, TypeError):
+            info = None
+        if entry is None:
+            call = self._begin(MESSAGES if "messages" in request.path else CHAT, request.path)
+            call.resp = resp
+            self._local_error(call, 400, "invalid_request_error", "not a call this shim handed over", "bad_request")
+            self._finish_soon(call)
+            return
+        call, pace = entry
+        call.resp = resp
+        call.pacer_wait_ms += info["pacer_wait_ms"]
+        try:
+            if info["head_sent"]:
+                resp.begin(200, b"")  # the harness has the data plane's head; this one is dropped there
+            last = await self._failed_attempt(call, pace, info["attempt"])
+            if last is not None:
+                await self._forward(request, call, request.body, pace, start=2, last=last)
+        except asyncio.CancelledError:
+            call.outcome = "cancelled" if call.http_status == 0 else "stream_error"
+            raise
+        except Exception:
+            log.exception("internal error in call %s", call.call_id)
+            if call.http_status:
+                call.outcome = "stream_error"
+                raise
+            self._local_error(call, 500, "api_error", "shim internal error", "error")
+        finally:
+            self._finish_soon(call)
+
+    async def _failed_attempt(self, call: Call, pace: PaceRequest, a: dict[str, Any]) -> _Retry | None:
+        """The data plane's failed first attempt, booked and metered as _forward does: how to retry it, or None
+        when its error is terminal (then it was passed to the harness)."""
+        how = a["how"]
+        if how == "unreachable":
+            await self._pace_settle(pace, None)
+            return _Retry(502, {}, self._err_json(call, f"upstream unreachable: {a['error']}"))
+        if how == "status":
+            status, headers, data = a["status"], Headers([tuple(kv) for kv in a["headers"]]), a["body"].encode()
+            if status == 429:
+                await self._throttled(pace, headers, data)
+            await self._pace_settle(pace, None)
+            found = self.progress.discovered(headers, force=status == 429)
+            if found:
+                self._spawn(self.progress.record(found))
+            if retryable_status(status, data):
+                log.info("upstream %d (attempt 1), retrying", status)
+                return _Retry(status, headers, data, headers.get("content-type", "application/json"))
+            self._pass(call, status, headers, data, "error")
+            return None
+        if how == "body":
+            used = self._account(call, None, True, est_output=call.max_out)
+            await self._pace_settle(pace, used)
+            return _Retry(502, {}, self._err_json(call, f"upstream failed: {a['error']}"))
+        meter = self._meter(call.kind, a["meter"])
+        await self._pace_settle(pace, self._stream_usage(call, meter, complete=False))
+        log.info("stream failed before content (attempt 1), retrying")
+        if how == "stream_early":
+            return _Retry(502, {}, self._err_json(call, a["failure"]))
+        return _Retry(529, {}, json.dumps(meter.error).encode())
 
     # ------------------------------------------------------------ the call
 
@@ -663,15 +908,15 @@ class Shim:
         return h
 
     async def _forward(self, request: Request, call: Call, payload: bytes, pace: PaceRequest,
-                       first: tuple[bool, float] | None = None):
-        """`first`: the ADMIT answer for the first attempt, when the gate already asked (HOLD+ADMIT)."""
+                       first: tuple[bool, float] | None = None, start: int = 1, last: _Retry | None = None):
+        """`first`: the ADMIT answer for the first attempt, when the gate already asked (HOLD+ADMIT). `start`,
+        `last`: the attempt to make next and how the one before it failed (a call the data plane handed over)."""
         route = ROUTES[call.kind]
         derived = request.headers.derived  # a harness sends the same headers call after call: build it once
         head = derived.get(self._head_key)
         if head is None:
             head = derived[self._head_key] = self.http.head(route, self._upstream_headers(request, call.kind))
-        last: _Retry | None = None
-        for attempt in range(1, self.cfg.max_attempts + 1):
+        for attempt in range(start, self.cfg.max_attempts + 1):
             if last is not None:
                 call.retries += 1
                 await asyncio.sleep(self.backoff.delay(attempt - 1, last.headers))

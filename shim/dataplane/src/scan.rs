@@ -193,7 +193,9 @@ mod tests {
     fn agrees_with_serde_json_on_mutations() {
         let doc = br#"{"model": "a\"b\\c\u00e9", "n": [-1.5e+3, 0, 12, true, false, null, {}], "o": {"k": [[]]},
             "s": "tab\there \ud83d\ude00", "e": {}, "f": 0.25E-2}"#;
-        let oracle = |b: &[u8]| serde_json::from_slice::<crate::Members>(b).is_ok();
+        // values kept as raw text, as the scanner does not decode them (a lone surrogate escape is valid to both)
+        type Raw = std::collections::BTreeMap<String, Box<serde_json::value::RawValue>>;
+        let oracle = |b: &[u8]| serde_json::from_slice::<Raw>(b).is_ok();
         let bytes = b"\"\\{}[],:0123456789-+eE.tfnu \t\n\x01\x7f\xc3ax";
         let (mut checked, mut valid) = (0, 0);
         let mut check = |b: &[u8]| {

@@ -1,0 +1,121 @@
+"""The compiled data plane (shim/dataplane, shim/front.py): calls on tickets go through it, the rest and every
+retry through the Python shim, and the ledger is the same either way. (EVALPLANE_SHIM_DATAPLANE=compiled runs the
+whole shim suite against it too.)"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from shimtest import (
+    ANTHROPIC_OK,
+    LITELLM_OVERLOADED_500,
+    LOCAL_TOKEN,
+    anthropic_stream,
+    running_stub,
+    sim_stats,
+    sse,
+)
+
+from contract.models import CallRecord, Totals
+from shim.front import binary
+
+pytestmark = pytest.mark.skipif(binary() is None and not __import__("os").environ.get("CI"),
+                                reason="no shim_dataplane binary (scripts/build_dataplane.sh)")
+
+
+def _calls(s, provider: str, n: int) -> None:
+    for i in range(n):
+        stream = i % 2 == 1
+        if provider == "anthropic":
+            c = s.anthropic()
+            msgs = [{"role": "user", "content": f"Fix bug {i}. " + "context " * (50 * i)}]
+            if stream:
+                with c.messages.stream(model="whatever", max_tokens=200, messages=msgs) as st:
+                    assert st.get_final_text()
+            else:
+                assert c.messages.create(model="whatever", max_tokens=200, messages=msgs).content[0].text
+        else:
+            c = s.openai()
+            msgs = [{"role": "user", "content": f"Explain {i}. " + "context " * (50 * i)}]
+            if stream:
+                chunks = list(c.chat.completions.create(model="whatever", messages=msgs, max_tokens=200, stream=True))
+                assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+                assert any(ch.usage for ch in chunks)  # include_usage injected by the data plane
+            else:
+                assert c.chat.completions.create(model="whatever", messages=msgs, max_tokens=200).choices
+
+
+@pytest.mark.parametrize("provider,model", [("anthropic", "claude-sonnet-4-5"), ("openai", "gpt-4o-mini")])
+def test_calls_on_tickets_go_through_the_data_plane(sim, shim, provider, model):
+    url = sim()
+    s = shim(url, provider=provider, model=model, dataplane="compiled")
+    _calls(s, provider, 8)
+    status = s.status()
+    assert status["dataplane"] == "compiled"
+    # the first call has no ticket (the Python shim takes it); every later one went on one
+    assert status["tickets"]["used"] == 7
+    rows = [CallRecord.model_validate(r) for r in s.rows()]
+    assert [r.seq for r in rows] == list(range(1, 9))
+    assert [r.stream for r in rows] == [False, True] * 4
+    assert all(r.outcome == "ok" and r.http_status == 200 and not r.usage_estimated for r in rows)
+    assert all(r.model == model and r.retries == 0 for r in rows)
+    truth = sim_stats(url, model)
+    total = Totals.of(rows)
+    assert truth["requests"] == 8
+    assert total.input_tokens + total.cached_tokens + total.cache_write_tokens == truth["input_tokens"] + truth.get(
+        "cache_read_input_tokens", 0) + truth.get("cache_creation_input_tokens", 0)
+    assert total.output_tokens == truth["output_tokens"]
+    assert s.stop() == 0
+    assert "[REDACTED]" not in s.log()
+
+
+def _post(s, body: dict) -> httpx.Response:
+    return httpx.post(f"{s.base}/v1/messages", json=body, headers={"x-api-key": LOCAL_TOKEN}, timeout=20)
+
+
+def test_failed_attempts_are_handed_over_and_retried(shim):
+    body = {"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}
+    overloaded = sse("error", {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
+    script = [
+        (200, {}, ANTHROPIC_OK),  # first call: no ticket yet, the Python shim's
+        (429, {"retry-after": "0"}, {"type": "error", "error": {"type": "rate_limit_error", "message": "slow"}}),
+        (200, {}, ANTHROPIC_OK),  # the handed-over retry of call 2
+        (500, {}, LITELLM_OVERLOADED_500),
+        (200, {}, ANTHROPIC_OK),  # call 3, retried
+        (200, {"content-type": "text/event-stream"}, overloaded),  # call 4: a stream failing before content
+        (200, {"content-type": "text/event-stream"}, anthropic_stream("fine")),
+        (400, {}, {"type": "error", "error": {"type": "invalid_request_error", "message": "no"}}),  # call 5
+    ]
+    with running_stub(script) as (url, seen):
+        s = shim(url, dataplane="compiled")
+        assert _post(s, body).status_code == 200
+        r = _post(s, body)
+        assert r.status_code == 200 and r.json()["content"][0]["text"] == "ok"
+        assert _post(s, body).status_code == 200
+        with httpx.stream("POST", f"{s.base}/v1/messages", json={**body, "stream": True},
+                          headers={"x-api-key": LOCAL_TOKEN}, timeout=20) as st:
+            assert st.status_code == 200
+            text = b"".join(st.iter_bytes())
+        assert b"fine" in text and b"overloaded" not in text and text.count(b"event: message_start") == 1
+        r = _post(s, body)
+        assert r.status_code == 400 and r.headers["x-should-retry"] == "false"
+        status = s.status()
+        assert status["tickets"]["used"] == 4
+        rows = s.rows()
+    assert len(seen) == 8
+    assert all(h.get("x-api-key") not in (None, LOCAL_TOKEN) for _, h, _ in seen)
+    assert not any(k.lower().startswith("x-evalplane") for _, h, _ in seen for k in h)
+    assert [r["retries"] for r in rows] == [0, 1, 1, 1, 0]
+    assert [r["http_status"] for r in rows] == [200, 200, 200, 200, 400]
+    assert [r["outcome"] for r in rows] == ["ok", "ok", "ok", "ok", "error"]
+    assert rows[3]["stream"] and rows[3]["output_tokens"] == 3
+
+
+def test_turn_cap_holds_with_lent_tickets(sim, shim):
+    s = shim(sim(), dataplane="compiled", limits={"max_turns": 3})
+    body = {"model": "m", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]}
+    codes = [_post(s, body).status_code for _ in range(5)]
+    assert codes == [200, 200, 200, 403, 403]
+    rows = s.rows()
+    assert [r["outcome"] for r in rows] == ["ok", "ok", "ok", "max_turns_exceeded", "max_turns_exceeded"]
+    assert s.status()["tickets"]["used"] == 2
