@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -64,6 +65,7 @@ from simulator.testing import simulator_process
 
 KEY = "sk-bench-" + uuid.uuid4().hex
 TOKEN = "bench-local-token"
+DATAPLANE = "compiled"  # ShimConfig.dataplane of every shim here (--dataplane)
 BODY = {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": "hello " * 50}]}
 RESULTS: list[tuple[str, str, bool]] = []
 
@@ -94,7 +96,7 @@ def shim_process(upstream: str, valkey_url: str, run: str, env_over: dict | None
         cfg = {"upstream_url": upstream, "provider": "anthropic", "model": "claude-sonnet-4-5", "pool": f"{run}-pool",
                "ref": {"run": run, "instance_id": "bench__bench-1", "attempt": 1}, "local_token": TOKEN,
                "ledger_path": f"{d}/ledger.jsonl", "port_file": f"{d}/port", "valkey_url": valkey_url, **CAPS,
-               **over}
+               "dataplane": DATAPLANE, **over}
         Path(d, "shim.json").write_text(json.dumps(cfg))
         # as the task runner starts it (harness/task.py): its default log level, its output to a file
         env = {**{k: v for k, v in os.environ.items() if k != "SHIM_LOG_LEVEL"}, "SHIM_UPSTREAM_KEY": KEY,
@@ -118,9 +120,25 @@ def shim_process(upstream: str, valkey_url: str, run: str, env_over: dict | None
             log.close()
 
 
+def family(pid: int) -> list[int]:
+    """`pid` and its children (the shim and, with the compiled data plane, its shim_dataplane process)."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(stat.parent.name))
+        except (OSError, ValueError):
+            continue
+    return [pid, *kids]
+
+
 def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of `pid` and its children (those still running: the shim's data plane is)."""
+    total = 0
+    for p in family(pid):
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 class MachineBusy:
@@ -141,10 +159,13 @@ class MachineBusy:
 
 
 def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    """RSS of `pid` and its children, summed."""
+    total = 0.0
+    for p in family(pid):
+        for line in Path(f"/proc/{p}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) / 1024
+    return total
 
 
 def long_body() -> dict:
@@ -406,6 +427,19 @@ async def pacer_rate(valkey_url: str, pool: str, seconds: float, conc: int = 64)
     return statistics.mean(rates["pacer"]), statistics.mean(rates["noop"])
 
 
+_seen = {"calls": 0, "used": 0}
+
+
+def print_paths(via: str) -> None:
+    """How many of the shim's calls since the last report went on a ticket (with the compiled data plane: the
+    calls it served itself; the others went to the Python shim)."""
+    st = json.loads(urllib.request.urlopen(f"{via}/_shim/status", timeout=10).read())
+    calls, used = st["calls"] - _seen["calls"], st["tickets"].get("used", 0) - _seen["used"]
+    _seen.update(calls=st["calls"], used=st["tickets"].get("used", 0))
+    where = "served by the compiled data plane" if st.get("dataplane") == "compiled" else "on a ticket"
+    print(f"    the shim's calls {where}: {used} of {calls}")
+
+
 def cleanup(valkey_url: str, run: str) -> None:
     r = redis.Redis.from_url(valkey_url)
     found = list(r.scan_iter(match=f"*{run}*", count=1000))
@@ -420,13 +454,20 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer rounds (noisier)")
     ap.add_argument("--compiled", action="store_true",
                     help="run the relays compiled too (bench/compiled_relay), beside the Python ones")
+    ap.add_argument("--dataplane", choices=("compiled", "python"), default="compiled",
+                    help="the shim's data plane (ShimConfig.dataplane; compiled: built first if needed)")
     args = ap.parse_args()
+    global DATAPLANE
+    DATAPLANE = args.dataplane
+    if DATAPLANE == "compiled":
+        subprocess.run(["bash", str(ROOT / "scripts" / "build_dataplane.sh")], check=True, stdout=subprocess.DEVNULL)
     compiled = None
     if args.compiled:  # built first: a build is not timed with the workloads
         compiled = subprocess.run(["bash", str(ROOT / "scripts" / "build_compiled_relay.sh")], check=True,
                                   stdout=subprocess.PIPE, text=True).stdout.strip()
     run = "bench" + uuid.uuid4().hex[:8]
-    print(f"bench_shim: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}, python {sys.version.split()[0]}")
+    print(f"bench_shim: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}, python {sys.version.split()[0]}, "
+          f"the shim's data plane: {DATAPLANE} (its CPU and RSS: the shim's process and its child summed)")
     try:
         print("1. added latency (simulator: 300 ms to first token, 50 tokens/s)")
         paced = SimulatorConfig(api_key=KEY, ttft_ms=300, tokens_per_s=50, rpm=0, itpm=0, otpm=0,
@@ -453,6 +494,7 @@ def main() -> int:
                 res = asyncio.run(latency_closed(sim, via, relay, conc, calls, more=more if conc == 1 else None))
                 print(f"    the machine's CPUs were {busy.share():.0%} busy during this workload")
                 report_latency(res, conc)
+                print_paths(via)
             calls = 8 if args.quick else 60
             three = "; three more: the bare relay compiled, the pinning one compiled, the compiled data plane"
             print(f"   workload c=1, long prompt: as c=1, with a {len(json.dumps(long_body())) // 1024} KB prompt "
@@ -466,6 +508,7 @@ def main() -> int:
                 report_latency(asyncio.run(latency_closed(sim, via, relay, 1, calls, body=long_body(),
                                                           streams=(False,), more={"pinning": pinning, **more})),
                                1, tag=" long prompt")
+                print_paths(via)
             print("   informational, not a target: c=64 lockstep bursts (64 calls in the same millisecond, "
                   "direct and shim waves alternating)")
             report_latency(asyncio.run(latency_lockstep(sim, via, 64, 1 if args.quick else 2)), 64, True)

@@ -119,3 +119,23 @@ def test_turn_cap_holds_with_lent_tickets(sim, shim):
     rows = s.rows()
     assert [r["outcome"] for r in rows] == ["ok", "ok", "ok", "max_turns_exceeded", "max_turns_exceeded"]
     assert s.status()["tickets"]["used"] == 2
+
+
+def test_harness_leaving_a_stream_on_a_ticket_is_metered(sim, shim):
+    s = shim(sim(tokens_per_s=10), dataplane="compiled")  # the answer takes ~1 s
+    body = {"model": "m", "max_tokens": 200, "messages": [{"role": "user", "content": "a long story please " * 10}]}
+    assert _post(s, body).status_code == 200  # the Python shim's (no ticket yet); it takes the first ticket
+    with httpx.stream("POST", f"{s.base}/v1/messages", headers={"x-api-key": LOCAL_TOKEN},
+                      json={**body, "stream": True}, timeout=20) as r:
+        got = b""
+        for piece in r.iter_bytes():
+            got += piece
+            if b"content_block_delta" in got:
+                break  # the harness goes away
+    assert s.status()["tickets"]["used"] == 1
+    rows = s.rows()
+    assert len(rows) == 2
+    assert rows[1]["stream"] and rows[1]["outcome"] == "stream_error" and rows[1]["usage_estimated"]
+    assert rows[1]["input_tokens"] + rows[1]["cached_tokens"] > 0 and rows[1]["output_tokens"] > 0
+    # it stopped reading when the harness left: the answer's end never came (~1 s), nor its usage
+    assert rows[1]["latency_ms"] < 900 and rows[1]["raw_usage"]["output_tokens"] == 1

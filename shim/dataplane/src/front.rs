@@ -17,6 +17,7 @@
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::unix::io::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,7 +26,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
-use crate::http::{self, chunk, down_headers, next_chunk, read_body, response_framing, Conn, Framing, Head};
+use crate::http::{
+    self, chunk, client_gone, down_headers, next_chunk, read_body, response_framing, Conn, Framing, Head, CLIENT_GONE,
+};
 use crate::scan;
 use crate::sse::{self, Meter};
 
@@ -536,16 +539,22 @@ impl Front {
     /// A stream held back until its first content event, then relayed as it arrives. A stream that is not
     /// chunked (rare: a provider streams chunked) is read whole and taken as one piece.
     fn relay(&self, down: &mut Conn, up: &mut Conn, framing: Framing, kind: u8) -> Relayed {
+        up.watch = Some(down.s.as_raw_fd()); // the harness leaving ends the wait for the next event
+        let r = self.relay_events(down, up, framing, kind);
+        up.watch = None;
+        r
+    }
+
+    fn relay_events(&self, down: &mut Conn, up: &mut Conn, framing: Framing, kind: u8) -> Relayed {
         let mut meter = Meter::new(kind);
         let mut held: Vec<u8> = Vec::new();
         let mut committed = false;
         let mut answer_ended = false;
-        let mut client_gone = false;
         let mut whole = None;
         if framing != Framing::Chunked {
             match read_body(up, framing) {
                 Ok(body) => whole = Some(body),
-                Err(e) => return self.broke(meter, false, false, false, &e),
+                Err(e) => return self.broke(meter, false, false, &e),
             }
         }
         loop {
@@ -554,12 +563,12 @@ impl Front {
                 Ok(Some(p)) => p,
                 Ok(None) => {
                     let clean = framing != Framing::UntilClose;
-                    return self.ended(meter, committed, answer_ended, client_gone, clean);
+                    return self.ended(meter, committed, answer_ended, clean);
                 }
-                Err(e) => return self.broke(meter, committed, answer_ended, client_gone, &e),
+                Err(e) => return self.broke(meter, committed, answer_ended, &e),
             };
             meter.feed(&piece);
-            if answer_ended || client_gone {
+            if answer_ended {
                 continue; // read for the meter only
             }
             let data = if committed {
@@ -582,21 +591,23 @@ impl Front {
             if last {
                 out.extend_from_slice(b"0\r\n\r\n"); // the final or error event ends the answer
             }
-            if down.write(&out).is_err() {
-                client_gone = true;
-            } else {
-                answer_ended = last;
+            if down.relay(&out).is_err() {
+                // the harness went away: stop reading (the provider stops), meter what came
+                let failure = Some(CLIENT_GONE.to_string());
+                return Relayed::Committed { meter, outcome: "cut".into(), failure, answer_ended, clean: false };
+            }
+            answer_ended = last;
+            if last {
+                up.watch = None; // the harness has its answer: it may go, the rest is read for the meter
             }
         }
     }
 
-    fn ended(&self, meter: Meter, committed: bool, answer_ended: bool, client_gone: bool, clean: bool) -> Relayed {
+    fn ended(&self, meter: Meter, committed: bool, answer_ended: bool, clean: bool) -> Relayed {
         if !committed {
             return Relayed::Early { failure: "upstream stream ended before any content".into(), meter };
         }
-        let (outcome, failure) = if client_gone {
-            ("cut", Some(CLIENT_GONE.to_string()))
-        } else if answer_ended {
+        let (outcome, failure) = if answer_ended {
             ("ended", None)
         } else {
             ("cut", Some("upstream stream ended early".to_string()))
@@ -604,7 +615,12 @@ impl Front {
         Relayed::Committed { meter, outcome: outcome.into(), failure, answer_ended, clean }
     }
 
-    fn broke(&self, meter: Meter, committed: bool, answer_ended: bool, client_gone: bool, e: &io::Error) -> Relayed {
+    fn broke(&self, meter: Meter, committed: bool, answer_ended: bool, e: &io::Error) -> Relayed {
+        if client_gone(e) {
+            // the harness went away while the stream was waited for: stop reading, meter what came
+            let failure = Some(CLIENT_GONE.to_string());
+            return Relayed::Committed { meter, outcome: "cut".into(), failure, answer_ended, clean: false };
+        }
         let failure = format!("upstream stream failed: {}", error_name(e));
         if !committed {
             return Relayed::Early { failure, meter };
@@ -613,7 +629,6 @@ impl Front {
             // the harness has the whole answer; the rest was read for the meter only
             return Relayed::Committed { meter, outcome: "ended".into(), failure: None, answer_ended, clean: false };
         }
-        let failure = if client_gone { CLIENT_GONE.to_string() } else { failure };
         Relayed::Committed { meter, outcome: "cut".into(), failure: Some(failure), answer_ended, clean: false }
     }
 
@@ -708,6 +723,18 @@ impl Front {
             }
         }
         let c = py.as_mut().unwrap();
+        c.watch = Some(down.s.as_raw_fd()); // the harness leaving closes this connection: Python sees it at once
+        let r = Self::pass_back(down, c, n, strip_head, head_request);
+        c.watch = None;
+        if !matches!(r, Ok(true)) {
+            *py = None;
+        }
+        r
+    }
+
+    /// A response read from `c` (its head `n` bytes long) passed to the harness as it arrives. Whether the
+    /// harness connection can take another request.
+    fn pass_back(down: &mut Conn, c: &mut Conn, n: usize, strip_head: bool, head_request: bool) -> io::Result<bool> {
         let ph = Head::parse(&c.buf[..n]).ok_or_else(|| http::bad("bad head from python"))?;
         let framing = response_framing(&ph, head_request)?;
         let raw_head = c.take(n);
@@ -732,7 +759,7 @@ impl Front {
                 loop {
                     raw.clear();
                     let more = next_chunk(c, Some(&mut raw))?;
-                    down.write(&raw)?;
+                    down.relay(&raw)?;
                     if more.is_none() {
                         break;
                     }
@@ -743,15 +770,10 @@ impl Front {
                 while c.more()? {
                     down.write(&std::mem::take(&mut c.buf))?;
                 }
-                *py = None;
                 return Ok(false);
             }
         }
-        let keep = ph.keep_alive();
-        if !keep {
-            *py = None;
-        }
-        Ok(keep)
+        Ok(ph.keep_alive())
     }
 
     /// The rest of a connection relayed to the Python shim byte for byte, both ways (what was read of it first).
@@ -788,8 +810,6 @@ impl Front {
         let _ = upward.join();
     }
 }
-
-pub const CLIENT_GONE: &str = "client disconnected";
 
 enum Relayed {
     /// failed before any content: retried by the Python shim

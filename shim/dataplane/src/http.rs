@@ -2,6 +2,7 @@
 //! chunked bodies. Only what the data plane's fast path needs; anything else is the Python shim's (front.rs).
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
+use std::os::unix::io::{AsRawFd, RawFd};
 
 use memchr::memmem;
 
@@ -11,6 +12,15 @@ pub const MAX_HEAD: usize = 64 * 1024;
 pub struct Conn {
     pub s: TcpStream,
     pub buf: Vec<u8>,
+    /// while set, a read that has to wait also watches this socket (the harness's) and fails with CLIENT_GONE
+    /// as soon as its peer closes it: a relay blocked on its source learns at once that no one is listening
+    pub watch: Option<RawFd>,
+}
+
+pub const CLIENT_GONE: &str = "client disconnected";
+
+pub fn client_gone(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::BrokenPipe && e.to_string() == CLIENT_GONE
 }
 
 pub fn bad(why: &str) -> io::Error {
@@ -19,11 +29,46 @@ pub fn bad(why: &str) -> io::Error {
 
 impl Conn {
     pub fn new(s: TcpStream) -> Conn {
-        Conn { s, buf: Vec::with_capacity(64 * 1024) }
+        Conn { s, buf: Vec::with_capacity(64 * 1024), watch: None }
+    }
+
+    /// Until this socket is readable (its read timeout applies), or the watched one's peer has closed it.
+    fn wait(&self, watch: RawFd) -> io::Result<()> {
+        let timeout = match self.s.read_timeout()? {
+            Some(d) => d.as_millis().min(i32::MAX as u128) as i32,
+            None => -1,
+        };
+        let mut fds = [
+            libc::pollfd { fd: self.s.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: watch, events: libc::POLLRDHUP, revents: 0 },
+        ];
+        loop {
+            // SAFETY: two valid pollfd structs, for the length given
+            let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if r == 0 {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "read timed out"));
+            }
+            if fds[1].revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0 {
+                return Err(io::Error::new(io::ErrorKind::BrokenPipe, CLIENT_GONE));
+            }
+            if fds[0].revents != 0 {
+                return Ok(());
+            }
+        }
     }
 
     /// Reads more into the buffer: false at EOF.
     pub fn more(&mut self) -> io::Result<bool> {
+        if let Some(w) = self.watch {
+            self.wait(w)?;
+        }
         let len = self.buf.len();
         self.buf.resize(len + 65536, 0);
         let n = loop {
@@ -73,6 +118,30 @@ impl Conn {
     }
 
     pub fn write(&mut self, data: &[u8]) -> io::Result<()> {
+        self.s.write_all(data)
+    }
+
+    /// Whether the peer has closed the connection (or reset it): a write to it can still succeed once, so a
+    /// relay asks before each write. Data waiting to be read (a pipelined request) is left where it is.
+    pub fn gone(&self) -> bool {
+        if self.s.set_nonblocking(true).is_err() {
+            return true;
+        }
+        let mut one = [0u8; 1];
+        let r = self.s.peek(&mut one);
+        let _ = self.s.set_nonblocking(false);
+        match r {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => e.kind() != io::ErrorKind::WouldBlock,
+        }
+    }
+
+    /// Writes unless the peer has gone (then an error, as a failed write).
+    pub fn relay(&mut self, data: &[u8]) -> io::Result<()> {
+        if self.gone() {
+            return Err(io::Error::new(io::ErrorKind::BrokenPipe, "peer closed"));
+        }
         self.s.write_all(data)
     }
 }
