@@ -228,15 +228,16 @@ class Gate:
 
     # ------------------------------------------------------------ tickets
 
-    def tickets_wanted(self, in_flight: int) -> int:
+    def tickets_wanted(self, in_flight: int, lent: int = 0) -> int:
         """How many tickets a call answered now should ask for: at most one per call in flight (this one
         included), and while calls overlap one spare when none is left. Why the spare: with calls overlapping,
         the next call (often the same caller's, at once) takes the oldest ticket; without a spare that is the
         one just asked for, still a round trip away. One spare per shim, not per call, so a harness making one
         call at a time never has one."""
-        if self.ticket_ttl_s <= 0 or len(self.tickets) >= in_flight:
+        have = len(self.tickets) + lent  # lent: those the compiled data plane holds (shim/front.py)
+        if self.ticket_ttl_s <= 0 or have >= in_flight:
             return 0
-        return 2 if in_flight > 1 and not self.tickets else 1
+        return 2 if in_flight > 1 and not have else 1
 
     def ticket_args(self, hold_id: str, est_micro: int, pace: PaceRequest,
                     size: tuple[int, int] | None = None) -> tuple[list, _Pending]:

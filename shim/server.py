@@ -542,7 +542,7 @@ class Shim:
         cmds += self._lent_expired_cmds()
         n = len(cmds)
         pool = None if call.final_pace is None else ValkeyPacer.settle_args(*self._pool_actuals(call))
-        wanted = (gate.tickets_wanted(self.in_flight)
+        wanted = (gate.tickets_wanted(self.in_flight, len(self._lent))
                   if call.hold_id is not None and self.stopped is None and self.ready else 0)
         tickets, targs = [], []
         if wanted:
