@@ -305,6 +305,7 @@ WAYS = {
     "pinning": "floor for parsing and pinning the body, a pinning relay (tcp_relay.py --pin)",
     "compiled scan pinning": "floor for parsing and pinning the body, compiled (compiled_relay --scan-pin)",
     "dataplane": "the shim's path compiled, a prototype without tickets or control plane (compiled_relay --dataplane)",
+    "python shim": "beside it, the shim with its Python data plane (dataplane: python)",
 }
 
 
@@ -322,8 +323,8 @@ async def latency_closed(direct: str, via: str, relay: str, conc: int, calls: in
     modes = (("direct", direct, {"x-api-key": KEY}, direct_body), ("relay", relay, {"x-api-key": KEY}, direct_body),
              ("shim", via, {"x-api-key": TOKEN}, shim_body))
     for name, url in (more or {}).items():
-        as_shim = "pinning" in name or name == "dataplane"
-        modes += ((name, url, {"x-api-key": TOKEN if name == "dataplane" else KEY},
+        as_shim = "pinning" in name or name in ("dataplane", "python shim")
+        modes += ((name, url, {"x-api-key": TOKEN if name in ("dataplane", "python shim") else KEY},
                    shim_body if as_shim else direct_body),)
     rng = random.Random(seed)
     out = {(m[0], s): [] for m in modes for s in streams}
@@ -478,12 +479,16 @@ def main() -> int:
             # the runs without them (and move the shim's rows)
             more = {name: stack.enter_context(compiled_process(compiled, sim, *mode))
                     for name, mode in (("compiled", ()), ("dataplane", ("--dataplane",)))} if compiled else {}
+            if DATAPLANE == "compiled":  # the Python data plane beside it (c=1 only, as the compiled relays)
+                more["python shim"] = stack.enter_context(
+                    shim_process(sim, args.valkey, run + "py", dataplane="python"))[0]
             # c=1: 100 calls each, so that its p99 is a p99 (of 30, as until 2026-11-30, it was the slowest call: one
             # stall of the VM in any of the three decided the row)
             for conc, calls in ((1, 8 if args.quick else 100), (64, 2 if args.quick else 12)):
                 if conc == 1:
                     print(f"   workload c=1: one caller direct, one via the bare relay, one via the shim"
-                          f"{', one via the compiled relay, one via the compiled data plane' if compiled else ''}, "
+                          f"{', one via the compiled relay, one via the compiled data plane' if compiled else ''}"
+                          f"{', one via the shim with its Python data plane' if DATAPLANE == 'compiled' else ''}, "
                           f"taking turns in a rotating order, "
                           f"{calls} calls each, {THINK_S * 1000:.0f} ms apart")
                 else:
@@ -501,14 +506,22 @@ def main() -> int:
                   f"naming a model alias (the shim parses it, pins the model and serialises it again), "
                   f"non-stream, {calls} calls each; a fourth caller goes via a pinning relay, which does only that"
                   f"{three if compiled else ''}")
-            with relay_process(sim, pin=BODY["model"]) as pinning:
+            # a new shim (and Python shim beside it): the c=64 workload left up to 64 tickets sized for short prompts,
+            # each of which a long prompt's call would give back and ask for itself (until 2026-11-30 every call
+            # here did: the row carried a Valkey round trip that a harness growing its prompt does not pay)
+            with (relay_process(sim, pin=BODY["model"]) as pinning,
+                  shim_process(sim, args.valkey, run + "lp") as (via_lp, _, _)):
                 if compiled:
                     more["compiled scan pinning"] = stack.enter_context(
                         compiled_process(compiled, sim, "--scan-pin", BODY["model"]))
-                report_latency(asyncio.run(latency_closed(sim, via, relay, 1, calls, body=long_body(),
+                if "python shim" in more:
+                    more["python shim"] = stack.enter_context(
+                        shim_process(sim, args.valkey, run + "lppy", dataplane="python"))[0]
+                report_latency(asyncio.run(latency_closed(sim, via_lp, relay, 1, calls, body=long_body(),
                                                           streams=(False,), more={"pinning": pinning, **more})),
                                1, tag=" long prompt")
-                print_paths(via)
+                _seen.update(calls=0, used=0)
+                print_paths(via_lp)
             print("   informational, not a target: c=64 lockstep bursts (64 calls in the same millisecond, "
                   "direct and shim waves alternating)")
             report_latency(asyncio.run(latency_lockstep(sim, via, 64, 1 if args.quick else 2)), 64, True)

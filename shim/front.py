@@ -125,6 +125,8 @@ class DataPlane:
             "max_body_bytes": cfg.max_body_bytes, "read_timeout_s": cfg.sock_read_timeout_s,
             "connect_timeout_s": cfg.connect_timeout_s, "max_stream_buffer_bytes": cfg.max_stream_buffer_bytes,
             "default_max_out": default_max_out, "shutdown_timeout_s": cfg.shutdown_timeout_s,
+            # its messages wait this long, and go together (a call's `end`: after its answer, as _finish_soon)
+            "batch_s": cfg.finish_delay_s,
         })
         try:
             self.port = await asyncio.wait_for(asyncio.shield(self._ready), 10)

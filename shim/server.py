@@ -202,11 +202,11 @@ class Shim:
         self._unfinished: list[Call] = []  # calls whose bookkeeping waits (_finish_soon)
         self._finish_timer: asyncio.TimerHandle | None = None
         self.ready = False
-        # the compiled data plane (shim/front.py), when it serves the harness: tickets lent to it (by hold id), and
-        # its calls between `begin` and `end` or a resume (by call id)
+        # the compiled data plane (shim/front.py), when it serves the harness: tickets lent to it (by hold id)
         self.dataplane: DataPlane | None = None
         self._lent: dict[str, Ticket] = {}
-        self._fast: dict[str, tuple[Call, PaceRequest]] = {}
+        self._recalling: dict[str, Ticket] = {}  # lent tickets past their time, asked back
+        self._dp_in_flight = 0  # the data plane's calls in flight, as of its last `end`
         self._discover_asked = 0.0
 
     # ------------------------------------------------------------ lifecycle
@@ -300,7 +300,6 @@ class Shim:
         self.ready = False
         if self.dataplane is not None:  # it finishes its calls in flight, then exits
             await self.dataplane.stop(self.cfg.shutdown_timeout_s)
-            self._lost_fast_calls()
         if self.server is not None:
             await self.server.shutdown(self.cfg.shutdown_timeout_s)
         self._finish_pending()
@@ -341,7 +340,7 @@ class Shim:
     async def _give_back(self, everything: bool = False) -> None:
         """Give back tickets that were not used in time (at shutdown, all of them)."""
         cmds = self.gate.expired_cmds(everything) if self.gate is not None else []
-        cmds += self._lent_expired_cmds(everything)
+        cmds += self._recall_expired(everything)
         if not cmds:
             return
         try:
@@ -441,7 +440,7 @@ class Shim:
         comes from this bookkeeping. A call that starts before it ran runs it first (_begin), a shutdown too."""
         call.ended = time.monotonic()
         delay = self.cfg.finish_delay_s
-        if delay <= 0 or self.in_flight > 1 or self._loop is None:
+        if delay <= 0 or self.in_flight + self._dp_in_flight > 1 or self._loop is None:
             if self._unfinished:
                 self._finish_pending()
             self._finish(call)
@@ -539,10 +538,10 @@ class Shim:
     async def _after_combined(self, call: Call, fields: dict[str, Any], gate: Gate) -> None:
         """_after with a combined gate: expired tickets given back, then one AFTER script."""
         cmds = gate.expired_cmds()  # tickets past their time, given back before new ones are taken
-        cmds += self._lent_expired_cmds()
+        cmds += self._recall_expired()
         n = len(cmds)
         pool = None if call.final_pace is None else ValkeyPacer.settle_args(*self._pool_actuals(call))
-        wanted = (gate.tickets_wanted(self.in_flight, len(self._lent))
+        wanted = (gate.tickets_wanted(self.in_flight + self._dp_in_flight, len(self._lent))
                   if call.hold_id is not None and self.stopped is None and self.ready else 0)
         tickets, targs = [], []
         if wanted:
@@ -608,23 +607,53 @@ class Shim:
             dp.send({"t": "ticket", "id": t.hold_id, "call": _new_id(), "bytes": t.size[0], "max_out": t.size[1],
                      "wait_ms": max(0.0, (t.start_at - now) * 1000), "ttl_ms": (t.expires_at - now) * 1000})
 
-    def _lent_expired_cmds(self, everything: bool = False) -> list[tuple]:
-        """Give back lent tickets past their time (the data plane stops using one a second before)."""
+    def _recall_expired(self, everything: bool = False) -> list[tuple]:
+        """Lent tickets past their time: asked back from the data plane (it stops using one a second early), and
+        given back to Valkey once it says it has not used them (`recalled`). With the data plane gone, or at
+        shutdown after it exited (`everything`), all of them at once: their commands."""
+        if everything:
+            self._lent.update(self._recalling)
+            self._recalling = {}
         if not self._lent:
             return []
         now = time.monotonic()
         gone = [k for k, t in self._lent.items() if everything or now >= t.expires_at]
+        if not gone:
+            return []
+        dp = self.dataplane
+        if dp is not None and dp.alive and not everything:
+            for k in gone:
+                self._recalling[k] = self._lent.pop(k)
+            dp.send({"t": "recall", "ids": gone})
+            return []
         cmds: list[tuple] = []
         for k in gone:
             cmds += self.gate.give_back_cmds(self._lent.pop(k))
         return cmds
+
+    def _recalled(self, ids: list[str]) -> None:
+        cmds: list[tuple] = []
+        for k in ids:
+            t = self._recalling.pop(k, None)
+            if t is not None:
+                cmds += self.gate.give_back_cmds(t)
+        if cmds:
+            self._spawn(self._run_cmds(cmds, "giving a ticket back"))
+
+    async def _run_cmds(self, cmds: list[tuple], what: str) -> None:
+        try:
+            for res in await self.redis.pipeline(cmds):
+                if isinstance(res, Exception):
+                    log.warning("%s failed: %s", what, res)
+        except Exception as e:  # noqa: BLE001 - holds expire, bookings decay
+            log.warning("%s failed: %s", what, type(e).__name__)
 
     def _returned(self, value: str) -> None:
         """A ticket the data plane took for a call it then handed over: the call's to use or give back, here."""
         secret, _, hold_id = value.partition(" ")
         if not hmac.compare_digest(secret.encode(), self.dataplane.secret.encode()):
             return
-        t = self._lent.pop(hold_id, None)
+        t = self._lent.pop(hold_id, None) or self._recalling.pop(hold_id, None)
         if t is not None:
             fut = self._loop.create_future()
             fut.set_result(t)
@@ -632,41 +661,39 @@ class Shim:
 
     def _on_dataplane(self, msg: dict[str, Any]) -> None:
         kind = msg.get("t")
-        if kind == "begin":
-            self._fast_begin(msg)
-        elif kind == "end":
+        if kind == "end":
             self._fast_end(msg)
+        elif kind == "recalled":
+            self._recalled(msg["ids"])
         elif kind == "lost":
             if self.ready:
                 log.error("the compiled data plane exited: the harness cannot reach the shim")
                 self.ready = False
-            self._lost_fast_calls()
+            self._lent.update(self._recalling)
+            self._recalling = {}
 
-    def _fast_begin(self, msg: dict[str, Any]) -> None:
-        """A call on a lent ticket is going upstream: counted, its turn taken, its hold and booking the ticket's."""
-        t = self._lent.pop(msg["ticket"], None)
-        call = self._begin(MESSAGES if msg["kind"] == "messages" else CHAT, msg["route"])
-        call.call_id = msg["call"]
-        call.started_at = msg["started_at"]
-        call.stream = msg["stream"]
-        call.payload_bytes = msg["bytes"]
-        call.max_out = msg["max_out"]
+    def _fast_call(self, c: dict[str, Any]) -> tuple[Call, PaceRequest]:
+        """A call the data plane made on a lent ticket, as this shim's own: counted, its turn taken, its hold and
+        pool booking the ticket's (lent tickets never outnumber the turns left: _lend)."""
+        t = self._lent.pop(c["ticket"], None) or self._recalling.pop(c["ticket"], None)
+        call = self._begin(MESSAGES if c["kind"] == "messages" else CHAT, c["route"])
+        call.call_id = c["call"]
+        call.started_at = c["started_at"]
+        call.stream = c["stream"]
+        call.payload_bytes = c["bytes"]
+        call.max_out = c["max_out"]
         self.turns += 1
         if t is None:  # given back already (it should not be: the data plane stops using one early)
             log.error("call %s went on a ticket no longer held", call.call_id)
-            pace = self._pace_request(call.payload_bytes, call.max_out)
-        else:
-            self.gate.stats["used"] += 1
-            call.hold_id = t.hold_id
-            pace = t.pace
-        self._fast[call.call_id] = (call, pace)
+            return call, self._pace_request(call.payload_bytes, call.max_out)
+        self.gate.stats["used"] += 1
+        call.hold_id = t.hold_id
+        return call, t.pace
 
     def _fast_end(self, msg: dict[str, Any]) -> None:
         """A call the data plane answered: metered from what it read, then the usual bookkeeping (_finish)."""
-        entry = self._fast.pop(msg["call"], None)
-        if entry is None:
-            return
-        call, pace = entry
+        call, pace = self._fast_call(msg["call"])
+        self._dp_in_flight = msg["in_flight"]
         call.pacer_wait_ms += msg["pacer_wait_ms"]
         limits = msg.get("limits")
         if limits:
@@ -703,41 +730,39 @@ class Shim:
 
     @staticmethod
     def _meter(kind: str, m: dict[str, Any]) -> StreamMeter:
-        """A stream's meter from what the data plane kept of it: the usage and error events, and its counts."""
+        """A stream's meter from what the data plane read of it (shim/dataplane/src/sse.rs: StreamMeter's rules)."""
         meter = StreamMeter(kind)
-        for event, data in m["events"]:
-            meter.on_event(event.encode() if event is not None else None, data.encode())
+        if m["usage"] is not None:
+            meter.raw = m["usage"]
+            meter.saw_usage = True
+        if m["error"] is not None:
+            try:
+                doc = loads(m["error"])
+            except ValueError:
+                doc = None
+            meter.error = doc if isinstance(doc, dict) and doc else {"error": {"type": "unknown"}}
         meter.meaningful = m["meaningful"]
         meter.done = m["done"]
         meter.delta_tokens = m["delta_tokens"]
         meter.error_before_content = m["error_before_content"]
         return meter
 
-    def _lost_fast_calls(self) -> None:
-        """Calls the data plane began and never ended (it exited): each still gets its row, estimated."""
-        calls, self._fast = list(self._fast.values()), {}
-        for call, pace in calls:
-            call.outcome = "cancelled"
-            call.final_pace = (pace, self._account(call, None, True))
-            self._finish_soon(call)
-
     async def resume(self, request: Request, resp: Responder) -> None:
-        """A call the data plane began and handed over after its attempt failed: that attempt's bookkeeping as
+        """A call the data plane made and handed over after its attempt failed: that attempt's bookkeeping as
         _forward would have done it, then the retries from here (the request body is the payload it sent)."""
-        entry = None
+        info = None
         try:
             info = json.loads(request.headers["x-evalplane-resume"])
-            if hmac.compare_digest(str(info["secret"]).encode(), self.dataplane.secret.encode()):
-                entry = self._fast.pop(info["call"], None)
+            ok = hmac.compare_digest(str(info["secret"]).encode(), self.dataplane.secret.encode())
         except (ValueError, KeyError, TypeError):
-            info = None
-        if entry is None:
+            ok = False
+        if not ok:
             call = self._begin(MESSAGES if "messages" in request.path else CHAT, request.path)
             call.resp = resp
             self._local_error(call, 400, "invalid_request_error", "not a call this shim handed over", "bad_request")
             self._finish_soon(call)
             return
-        call, pace = entry
+        call, pace = self._fast_call(info["call"])
         call.resp = resp
         call.pacer_wait_ms += info["pacer_wait_ms"]
         try:

@@ -20,7 +20,7 @@ use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -79,11 +79,31 @@ struct Ticket {
     usable_until: Instant,
 }
 
+/// Writes the messages for the control plane: each write waits `batch` after the first message it carries, and
+/// takes all that came meanwhile. Why: a call's `end` wakes the Python shim, and on a task's one or two vCPUs
+/// that was just when the harness, woken by the answer, wanted the CPU (shim/server.py waits likewise before a
+/// call's bookkeeping); and while calls overlap, several calls' messages cost the Python shim one wake-up. Ends
+/// when every sender is gone, after writing what it has.
+pub fn writer(mut out: UnixStream, rx: mpsc::Receiver<Vec<u8>>, batch: Duration) {
+    while let Ok(first) = rx.recv() {
+        let mut buf = first;
+        if !batch.is_zero() {
+            thread::sleep(batch);
+        }
+        while let Ok(more) = rx.try_recv() {
+            buf.extend_from_slice(&more);
+        }
+        if out.write_all(&buf).is_err() {
+            return;
+        }
+    }
+}
+
 pub struct Front {
     cfg: Config,
     model_json: Vec<u8>,
     tickets: Mutex<VecDeque<Ticket>>,
-    control: Mutex<UnixStream>,
+    control: Mutex<mpsc::Sender<Vec<u8>>>,
     pub stopping: AtomicBool,
     pub in_flight: AtomicUsize,
     discover: AtomicBool,
@@ -121,15 +141,10 @@ fn now_s() -> f64 {
 }
 
 fn meter_json(m: &Meter) -> Value {
-    let kept: Vec<Value> = m
-        .kept
-        .iter()
-        .map(|(e, d)| {
-            json!([e.as_ref().map(|e| String::from_utf8_lossy(e).into_owned()), String::from_utf8_lossy(d)])
-        })
-        .collect();
-    json!({"events": kept, "meaningful": m.meaningful, "done": m.done, "delta_tokens": m.delta_tokens,
-           "error_before_content": m.error_before_content})
+    let usage = if m.saw_usage { Value::Object(m.usage.clone()) } else { Value::Null };
+    let error = m.error.as_ref().map(|e| String::from_utf8_lossy(e).into_owned());
+    json!({"usage": usage, "error": error, "meaningful": m.meaningful, "done": m.done,
+           "delta_tokens": m.delta_tokens, "error_before_content": m.error_before_content})
 }
 
 /// Python's `x or y` then `isinstance(x, int) and x > 0` on a JSON value's text (True counts as 1).
@@ -149,7 +164,8 @@ fn max_out_of(a: Option<&[u8]>, b: Option<&[u8]>, default: u64) -> u64 {
 }
 
 impl Front {
-    pub fn new(cfg: Config, control: UnixStream) -> Front {
+    /// `control`: where messages go, written by `writer` (run on a thread of its own).
+    pub fn new(cfg: Config, control: mpsc::Sender<Vec<u8>>) -> Front {
         let model_json = Value::String(cfg.model.clone()).to_string().into_bytes();
         Front {
             cfg,
@@ -162,11 +178,18 @@ impl Front {
         }
     }
 
-    /// One message to the control plane, as a line of JSON.
+    /// One message to the control plane, as a line of JSON (written by `writer`).
     pub fn send(&self, msg: &Value) {
         let mut line = msg.to_string().into_bytes();
         line.push(b'\n');
-        let _ = self.control.lock().unwrap().write_all(&line);
+        let _ = self.control.lock().unwrap().send(line);
+    }
+
+    /// No more messages: the writer ends once it has written what it has. (Connection threads still running
+    /// hold no sender of their own: they send through this one.)
+    pub fn close(&self) {
+        let (dead, _) = mpsc::channel();
+        *self.control.lock().unwrap() = dead;
     }
 
     /// A message from the control plane.
@@ -187,9 +210,22 @@ impl Front {
                 });
             }
             Some("recall") => {
-                // the control plane takes its tickets back (it gives them back to Valkey itself)
-                let ids: Vec<Value> = self.tickets.lock().unwrap().drain(..).map(|t| Value::String(t.id)).collect();
-                self.send(&json!({"t": "recalled", "ids": ids}));
+                // the control plane takes back those of `ids` not used yet (it gives them back to Valkey); a
+                // used one is in a call, whose `end` or resume names it
+                let ids: Vec<&str> = msg.get("ids").and_then(|v| v.as_array()).map_or(Vec::new(), |a| {
+                    a.iter().filter_map(|v| v.as_str()).collect()
+                });
+                let mut q = self.tickets.lock().unwrap();
+                let mut back = Vec::new();
+                q.retain(|t| {
+                    let recalled = ids.contains(&t.id.as_str());
+                    if recalled {
+                        back.push(Value::String(t.id.clone()));
+                    }
+                    !recalled
+                });
+                drop(q);
+                self.send(&json!({"t": "recalled", "ids": back}));
             }
             Some("discover") => self.discover.store(true, Ordering::Relaxed),
             Some("stop") => self.stopping.store(true, Ordering::SeqCst),
@@ -368,8 +404,9 @@ impl Front {
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address"))?;
         let s = TcpStream::connect_timeout(&addr, self.cfg.connect_timeout)?;
         s.set_nodelay(true)?;
-        s.set_read_timeout(Some(self.cfg.read_timeout))?;
-        Ok(Conn::new(s))
+        let mut c = Conn::new(s);
+        c.set_read_timeout(self.cfg.read_timeout)?;
+        Ok(c)
     }
 
     /// The request sent upstream and the answer's head read (a kept-alive connection that turns out stale is
@@ -381,7 +418,7 @@ impl Front {
                 *up = Some(self.connect_upstream()?);
             }
             let c = up.as_mut().unwrap();
-            let sent = c.s.write_all(request).and_then(|_| c.s.write_all(payload));
+            let sent = c.write2(request, payload);
             let got = sent.and_then(|_| c.head());
             match got {
                 Ok(Some(n)) => {
@@ -413,10 +450,10 @@ impl Front {
         stream: bool,
     ) -> io::Result<bool> {
         let t0 = Instant::now();
-        let call = ticket.call.clone();
-        self.send(&json!({"t": "begin", "call": call, "ticket": ticket.id, "route": head.first[1],
+        // what the control plane is told of the call with its outcome (`end`, or a resume)
+        let call = json!({"call": ticket.call, "ticket": ticket.id, "route": head.first[1],
                           "kind": if matches!(kind, Route::Messages) {"messages"} else {"chat"},
-                          "stream": stream, "bytes": payload.len(), "max_out": max_out, "started_at": now_s()}));
+                          "stream": stream, "bytes": payload.len(), "max_out": max_out, "started_at": now_s()});
         let now = Instant::now();
         if ticket.start_at > now {
             thread::sleep(ticket.start_at - now); // the pool's booked slot
@@ -468,7 +505,8 @@ impl Front {
                                 })
                             });
                             self.send(&json!({"t": "end", "call": call, "latency_ms": latency,
-                                              "pacer_wait_ms": waited, "usage": usage, "limits": limits}));
+                                              "pacer_wait_ms": waited, "usage": usage, "limits": limits,
+                                              "in_flight": self.in_flight.load(Ordering::Relaxed) - 1}));
                             return Ok(answered);
                         }
                     }
@@ -507,7 +545,8 @@ impl Front {
                             let latency = t0.elapsed().as_secs_f64() * 1000.0;
                             self.send(&json!({"t": "end", "call": call, "latency_ms": latency,
                                               "pacer_wait_ms": waited, "meter": meter_json(&meter),
-                                              "outcome": outcome, "failure": failure, "limits": limits}));
+                                              "outcome": outcome, "failure": failure, "limits": limits,
+                                              "in_flight": self.in_flight.load(Ordering::Relaxed) - 1}));
                             return Ok(harness_ok);
                         }
                     }
@@ -591,7 +630,7 @@ impl Front {
             if last {
                 out.extend_from_slice(b"0\r\n\r\n"); // the final or error event ends the answer
             }
-            if down.relay(&out).is_err() {
+            if down.write(&out).is_err() {
                 // the harness went away: stop reading (the provider stops), meter what came
                 let failure = Some(CLIENT_GONE.to_string());
                 return Relayed::Committed { meter, outcome: "cut".into(), failure, answer_ended, clean: false };
@@ -651,7 +690,7 @@ impl Front {
         py: &mut Option<Conn>,
         head: &Head,
         payload: &[u8],
-        call: &str,
+        call: &Value,
         waited: f64,
         head_sent: bool,
         failed: Failed,
@@ -759,7 +798,7 @@ impl Front {
                 loop {
                     raw.clear();
                     let more = next_chunk(c, Some(&mut raw))?;
-                    down.relay(&raw)?;
+                    down.write(&raw)?;
                     if more.is_none() {
                         break;
                     }

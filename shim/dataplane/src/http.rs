@@ -15,6 +15,7 @@ pub struct Conn {
     /// while set, a read that has to wait also watches this socket (the harness's) and fails with CLIENT_GONE
     /// as soon as its peer closes it: a relay blocked on its source learns at once that no one is listening
     pub watch: Option<RawFd>,
+    timeout_ms: i32, // the socket's read timeout, for poll (-1: none)
 }
 
 pub const CLIENT_GONE: &str = "client disconnected";
@@ -29,15 +30,18 @@ pub fn bad(why: &str) -> io::Error {
 
 impl Conn {
     pub fn new(s: TcpStream) -> Conn {
-        Conn { s, buf: Vec::with_capacity(64 * 1024), watch: None }
+        Conn { s, buf: Vec::with_capacity(64 * 1024), watch: None, timeout_ms: -1 }
+    }
+
+    pub fn set_read_timeout(&mut self, d: std::time::Duration) -> io::Result<()> {
+        self.s.set_read_timeout(Some(d))?;
+        self.timeout_ms = d.as_millis().clamp(1, i32::MAX as u128) as i32;
+        Ok(())
     }
 
     /// Until this socket is readable (its read timeout applies), or the watched one's peer has closed it.
     fn wait(&self, watch: RawFd) -> io::Result<()> {
-        let timeout = match self.s.read_timeout()? {
-            Some(d) => d.as_millis().min(i32::MAX as u128) as i32,
-            None => -1,
-        };
+        let timeout = self.timeout_ms;
         let mut fds = [
             libc::pollfd { fd: self.s.as_raw_fd(), events: libc::POLLIN, revents: 0 },
             libc::pollfd { fd: watch, events: libc::POLLRDHUP, revents: 0 },
@@ -121,28 +125,24 @@ impl Conn {
         self.s.write_all(data)
     }
 
-    /// Whether the peer has closed the connection (or reset it): a write to it can still succeed once, so a
-    /// relay asks before each write. Data waiting to be read (a pipelined request) is left where it is.
-    pub fn gone(&self) -> bool {
-        if self.s.set_nonblocking(true).is_err() {
-            return true;
+    /// `a` then `b` in one system call where the socket takes them (a head and a body, without copying).
+    pub fn write2(&mut self, a: &[u8], b: &[u8]) -> io::Result<()> {
+        let total = a.len() + b.len();
+        let mut done = 0;
+        while done < total {
+            let r = if done < a.len() {
+                self.s.write_vectored(&[io::IoSlice::new(&a[done..]), io::IoSlice::new(b)])
+            } else {
+                self.s.write(&b[done - a.len()..])
+            };
+            match r {
+                Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "wrote nothing")),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
         }
-        let mut one = [0u8; 1];
-        let r = self.s.peek(&mut one);
-        let _ = self.s.set_nonblocking(false);
-        match r {
-            Ok(0) => true,
-            Ok(_) => false,
-            Err(e) => e.kind() != io::ErrorKind::WouldBlock,
-        }
-    }
-
-    /// Writes unless the peer has gone (then an error, as a failed write).
-    pub fn relay(&mut self, data: &[u8]) -> io::Result<()> {
-        if self.gone() {
-            return Err(io::Error::new(io::ErrorKind::BrokenPipe, "peer closed"));
-        }
-        self.s.write_all(data)
+        Ok(())
     }
 }
 

@@ -12,7 +12,7 @@ use std::net::{TcpListener, TcpStream};
 use std::os::unix::io::FromRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -46,7 +46,10 @@ fn main() {
     let shutdown = Duration::from_secs_f64(v.get("shutdown_timeout_s").and_then(|s| s.as_f64()).unwrap_or(5.0));
     let listener = TcpListener::bind((host.as_str(), port)).unwrap_or_else(|e| fail(&format!("cannot listen: {e}")));
     let addr = listener.local_addr().unwrap_or_else(|e| fail(&format!("no local address: {e}")));
-    let front = Arc::new(front::Front::new(cfg, control));
+    let batch = Duration::from_secs_f64(v.get("batch_s").and_then(|s| s.as_f64()).unwrap_or(0.0).max(0.0));
+    let (tx, rx) = mpsc::channel();
+    let writer = thread::spawn(move || front::writer(control, rx, batch));
+    let front = Arc::new(front::Front::new(cfg, tx));
     front.send(&serde_json::json!({"t": "ready", "port": addr.port()}));
 
     // the control plane's lines; its going away ends this process too
@@ -90,5 +93,7 @@ fn main() {
         thread::sleep(Duration::from_millis(5));
     }
     front.send(&serde_json::json!({"t": "bye", "in_flight": front.in_flight.load(Ordering::SeqCst)}));
+    front.close();
+    let _ = writer.join(); // what it has is written
     std::process::exit(0)
 }

@@ -1,7 +1,7 @@
 //! A stream's events as shim/wire.py's SSESplitter and StreamMeter see them: split into (event, data), with
 //! what decides when the harness may have them (the first content event), whether the stream is done or broke
-//! with an error event, and an output estimate from delta sizes. The events that carry usage or an error are
-//! kept verbatim for the control plane, which meters them with StreamMeter itself (shim/front.py).
+//! with an error event, an output estimate from delta sizes, and the usage the events carried, merged as
+//! StreamMeter merges it (a later event's non-null values over an earlier one's).
 use memchr::memmem;
 
 pub const ANTHROPIC: u8 = 0;
@@ -17,8 +17,8 @@ pub struct Meter {
     pub error: Option<Vec<u8>>, // the error event's data
     pub error_before_content: bool,
     pub delta_tokens: u64,
-    /// (event name, data) of the events the control plane meters: usage and errors, in order
-    pub kept: Vec<(Option<Vec<u8>>, Vec<u8>)>,
+    pub usage: serde_json::Map<String, serde_json::Value>,
+    pub saw_usage: bool,
     envelope: usize,
     pending: Vec<u8>, // bytes not yet split into whole events
 }
@@ -135,19 +135,22 @@ impl Meter {
                 self.meaningful = true;
                 self.delta_tokens += (data.len().saturating_sub(DELTA_OVERHEAD) / 4).max(1) as u64;
             }
-            b"message_start" => self.kept.push((event, data)),
+            b"message_start" => {
+                if let Ok(doc) = serde_json::from_slice::<serde_json::Value>(&data) {
+                    self.merge(doc.get("message").and_then(|m| m.get("usage")));
+                }
+            }
             b"message_delta" => {
                 self.meaningful = true;
-                self.kept.push((event, data));
+                if let Ok(doc) = serde_json::from_slice::<serde_json::Value>(&data) {
+                    self.merge(doc.get("usage"));
+                }
             }
             b"message_stop" => {
                 self.meaningful = true;
                 self.done = true;
             }
-            b"error" => {
-                self.error(&data);
-                self.kept.push((event, data));
-            }
+            b"error" => self.error(&data),
             _ => {}
         }
     }
@@ -170,12 +173,9 @@ impl Meter {
             };
             if obj.get("error").map_or(false, |e| e.is_object()) {
                 self.error(&data);
-                self.kept.push((None, data));
                 return;
             }
-            if obj.get("usage").map_or(false, |u| u.is_object()) {
-                self.kept.push((None, data.clone()));
-            }
+            self.merge(obj.get("usage"));
             let choices = obj.get("choices").and_then(|c| c.as_array());
             if self.envelope == 0 && choices.map_or(false, |c| !c.is_empty()) {
                 self.envelope = data.len();
@@ -198,6 +198,17 @@ impl Meter {
         if memmem::find(&data, b"\"delta\"").is_some() && !has_usage {
             let envelope = if self.envelope > 0 { self.envelope } else { 2 * DELTA_OVERHEAD };
             self.delta_tokens += (data.len().saturating_sub(envelope) / 4 + 1).max(1) as u64;
+        }
+    }
+
+    fn merge(&mut self, usage: Option<&serde_json::Value>) {
+        if let Some(serde_json::Value::Object(u)) = usage {
+            self.saw_usage = true;
+            for (k, v) in u {
+                if !v.is_null() {
+                    self.usage.insert(k.clone(), v.clone());
+                }
+            }
         }
     }
 
@@ -260,9 +271,8 @@ mod tests {
         assert!(m.meaningful && !m.done);
         assert_eq!(m.delta_tokens, 1);
         m.feed(b"data: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":3}}\n\nevent: message_stop\ndata: {}\n\n");
-        assert!(m.done);
-        assert_eq!(m.kept.len(), 2);
-        assert_eq!(m.kept[1].0, None);
+        assert!(m.done && m.saw_usage);
+        assert_eq!(serde_json::Value::Object(m.usage.clone()), serde_json::json!({"input_tokens": 5, "output_tokens": 3}));
     }
 
     #[test]
@@ -274,7 +284,7 @@ mod tests {
         assert!(m.meaningful);
         m.feed(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n");
         assert!(m.done);
-        assert_eq!(m.kept.len(), 1);
+        assert_eq!(m.usage.get("prompt_tokens"), Some(&serde_json::json!(3)));
         let mut e = Meter::new(OPENAI);
         e.feed(b"data: {\"error\":{\"type\":\"server_error\",\"message\":\"Overloaded\"}}\n\n");
         assert!(e.error_before_content && e.retryable_error());
