@@ -93,9 +93,10 @@ _FIELDS: dict[str, tuple[Any, Any, tuple[str, float] | None]] = {
     "flush_on_exit": ("bool", True, None),
     "max_body_bytes": ("int", 32 << 20, ("ge", 1024)),  # larger requests get 413 (Anthropic's limit: 32 MB)
     "max_stream_buffer_bytes": ("int", 1 << 20, None),  # pre-content buffer (for transparent retries)
-    # who serves the harness: "python" (shim/server.py alone) or "compiled" (shim/dataplane, with this process
-    # as its control plane: shim/front.py; an https upstream stays with "python")
-    "dataplane": (("python", "compiled"), "python", None),
+    # who serves the harness: "compiled" (shim/dataplane, with this process as its control plane: shim/front.py)
+    # or "python" (shim/server.py alone). Compiled falls back to python, with a warning, for an https upstream or
+    # where no shim_dataplane binary is built (scripts/build_dataplane.sh; the harness image has one)
+    "dataplane": (("python", "compiled"), "compiled", None),
 }
 _BATCH_SIZE_MAX = 200
 

@@ -43,7 +43,7 @@ def sim():
         yield start
 
 
-# EVALPLANE_SHIM_DATAPLANE=compiled runs every shim test against the compiled data plane (shim/front.py)
+# EVALPLANE_SHIM_DATAPLANE=python runs every shim test with the Python shim alone (default: ShimConfig's, compiled)
 DATAPLANE = {"dataplane": os.environ["EVALPLANE_SHIM_DATAPLANE"]} if os.environ.get("EVALPLANE_SHIM_DATAPLANE") else {}
 
 
