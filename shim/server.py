@@ -341,14 +341,8 @@ class Shim:
         """Give back tickets that were not used in time (at shutdown, all of them)."""
         cmds = self.gate.expired_cmds(everything) if self.gate is not None else []
         cmds += self._recall_expired(everything)
-        if not cmds:
-            return
-        try:
-            for res in await self.redis.pipeline(cmds):
-                if isinstance(res, Exception):
-                    log.warning("giving a ticket back failed: %s", res)
-        except Exception as e:  # noqa: BLE001 - the hold expires, the booking decays
-            log.warning("giving tickets back failed: %s", type(e).__name__)
+        if cmds:
+            await self._run_cmds(cmds, "giving a ticket back")
 
     # ------------------------------------------------------------ status
 
@@ -411,8 +405,13 @@ class Shim:
     async def proxy(self, request: Request, resp: Responder, kind: str) -> None:
         call = self._begin(kind, request.path)
         call.resp = resp
+        await self._guarded(call, self._handle(request, call))
+
+    async def _guarded(self, call: Call, handling) -> None:
+        """Await a call's handling (a coroutine): an internal error answers 500 if nothing went to the harness
+        yet; either way the call gets its bookkeeping and ledger row (_finish_soon)."""
         try:
-            return await self._handle(request, call)
+            return await handling
         except asyncio.CancelledError:
             call.outcome = "cancelled" if call.http_status == 0 else "stream_error"
             raise
@@ -765,23 +764,14 @@ class Shim:
         call, pace = self._fast_call(info["call"])
         call.resp = resp
         call.pacer_wait_ms += info["pacer_wait_ms"]
-        try:
-            if info["head_sent"]:
-                resp.begin(200, b"")  # the harness has the data plane's head; this one is dropped there
-            last = await self._failed_attempt(call, pace, info["attempt"])
-            if last is not None:
-                await self._forward(request, call, request.body, pace, start=2, last=last)
-        except asyncio.CancelledError:
-            call.outcome = "cancelled" if call.http_status == 0 else "stream_error"
-            raise
-        except Exception:
-            log.exception("internal error in call %s", call.call_id)
-            if call.http_status:
-                call.outcome = "stream_error"
-                raise
-            self._local_error(call, 500, "api_error", "shim internal error", "error")
-        finally:
-            self._finish_soon(call)
+        await self._guarded(call, self._resumed(request, call, pace, info))
+
+    async def _resumed(self, request: Request, call: Call, pace: PaceRequest, info: dict[str, Any]) -> None:
+        if info["head_sent"]:
+            call.resp.begin(200, b"")  # the harness has the data plane's head; this one is dropped there
+        last = await self._failed_attempt(call, pace, info["attempt"])
+        if last is not None:
+            await self._forward(request, call, request.body, pace, start=2, last=last)
 
     async def _failed_attempt(self, call: Call, pace: PaceRequest, a: dict[str, Any]) -> _Retry | None:
         """The data plane's failed first attempt, booked and metered as _forward does: how to retry it, or None
