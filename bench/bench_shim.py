@@ -435,10 +435,14 @@ def print_paths(via: str) -> None:
     """How many of the shim's calls since the last report went on a ticket (with the compiled data plane: the
     calls it served itself; the others went to the Python shim)."""
     st = json.loads(urllib.request.urlopen(f"{via}/_shim/status", timeout=10).read())
-    calls, used = st["calls"] - _seen["calls"], st["tickets"].get("used", 0) - _seen["used"]
-    _seen.update(calls=st["calls"], used=st["tickets"].get("used", 0))
-    where = "served by the compiled data plane" if st.get("dataplane") == "compiled" else "on a ticket"
-    print(f"    the shim's calls {where}: {used} of {calls}")
+    compiled = st.get("dataplane") == "compiled"
+    n = st["dataplane_calls"] if compiled else st["tickets"].get("used", 0)
+    calls, used = st["calls"] - _seen["calls"], n - _seen["used"]
+    _seen.update(calls=st["calls"], used=n)
+    where = "served by the compiled data plane" if compiled else "on a ticket"
+    asks = st.get("dataplane_asks", 0) - _seen.get("asks", 0)
+    _seen["asks"] = st.get("dataplane_asks", 0)
+    print(f"    the shim's calls {where}: {used} of {calls}" + (f" ({asks} on a ticket it asked for)" if compiled else ""))
 
 
 def cleanup(valkey_url: str, run: str) -> None:

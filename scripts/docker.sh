@@ -13,7 +13,7 @@ MIRROR="${EVALPLANE_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
 mkdir -p "$STATE"
 
-apt_install() { $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null; }
+. scripts/lib/apt.sh
 
 engine() {
   if docker info >/dev/null 2>&1; then return 0; fi

@@ -12,9 +12,7 @@ DATABASE_URL="${DATABASE_URL:-postgresql://postgres@127.0.0.1:5432/test}"
 VALKEY_URL="${VALKEY_URL:-redis://127.0.0.1:6379/0}"
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
 
-apt_install() {
-  $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
-}
+. scripts/lib/apt.sh
 
 pg_up() { .venv/bin/python - "$DATABASE_URL" <<'PY' 2>/dev/null
 import sys, psycopg

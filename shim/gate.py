@@ -131,6 +131,7 @@ class Ticket:
     booked: bool  # the pool booking was made (else: too far ahead; the call admits itself)
     start_at: float  # monotonic: the booked slot
     expires_at: float  # monotonic
+    asked: bool = False  # made for a call the compiled data plane asked about (Shim._ask), not taken ahead
 
 
 class Gate:

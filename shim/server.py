@@ -61,7 +61,7 @@ _HOP = frozenset(
 # content-encoding passes through with the bytes downstream (we ask for identity anyway);
 # content-encoding upstream: shim/http.py has already decoded the harness's body, and we send it as read
 _DROP_UP = _HOP | {"authorization", "x-api-key", "accept-encoding", "cookie", "content-encoding", "expect",
-                   "x-evalplane-resume", "x-evalplane-ticket"}  # the last two: from the compiled data plane
+                   "x-evalplane-resume"}  # the last: from the compiled data plane
 NO_RETRY = (("x-should-retry", "false"),)
 _JSON = ("Content-Type", "application/json")
 _UPSTREAM_ERRORS = (UpstreamError, TimeoutError, OSError)
@@ -207,6 +207,7 @@ class Shim:
         self._lent: dict[str, Ticket] = {}
         self._recalling: dict[str, Ticket] = {}  # lent tickets past their time, asked back
         self._dp_in_flight = 0  # the data plane's calls in flight, as of its last `end`
+        self.dataplane_calls = self.dataplane_asks = 0
         self._discover_asked = 0.0
 
     # ------------------------------------------------------------ lifecycle
@@ -222,16 +223,10 @@ class Shim:
     async def dispatch(self, request: Request, resp: Responder) -> None:
         """Routes: POST /v1/chat/completions, /v1/messages (and without /v1); GET /_shim/health, /_shim/status;
         anything else is an unknown route (404, with a ledger row). With the compiled data plane, requests come
-        from it: a call it hands over after a failed attempt (`x-evalplane-resume`), or one it did not take (with
-        the ticket it took for it, if any: `x-evalplane-ticket`)."""
-        if self.dataplane is not None:
-            headers = request.headers
-            if "x-evalplane-resume" in headers:
-                await self.resume(request, resp)
-                return
-            returned = headers.get("x-evalplane-ticket")
-            if returned is not None:
-                self._returned(returned)
+        from it: a call it hands over after a failed attempt (`x-evalplane-resume`), or one it did not take."""
+        if self.dataplane is not None and "x-evalplane-resume" in request.headers:
+            await self.resume(request, resp)
+            return
         if request.method == "POST":
             kind = self._routes.get(request.path)
             if kind is not None:
@@ -361,6 +356,8 @@ class Shim:
             # calls that went on a ticket (no Valkey round trip), tickets taken and given back (shim/gate.py)
             "tickets": dict(self.gate.stats) if self.gate is not None else {},
             "dataplane": "compiled" if self.dataplane is not None else "python",
+            "dataplane_calls": self.dataplane_calls,  # the calls the compiled data plane served (an end line)
+            "dataplane_asks": self.dataplane_asks,  # the tickets it asked for (no lent one covered a call)
             "tickets_lent": len(self._lent),
         }
 
@@ -603,8 +600,49 @@ class Shim:
                 return
             gate.tickets.popleft()
             self._lent[t.hold_id] = t
-            dp.send({"t": "ticket", "id": t.hold_id, "call": _new_id(), "bytes": t.size[0], "max_out": t.size[1],
-                     "wait_ms": max(0.0, (t.start_at - now) * 1000), "ttl_ms": (t.expires_at - now) * 1000})
+            dp.send(self._ticket_msg(t, _new_id(), now))
+
+    @staticmethod
+    def _ticket_msg(t: Ticket, call_id: str, now: float, **more: Any) -> dict[str, Any]:
+        return {"t": "ticket", "id": t.hold_id, "call": call_id, "bytes": t.size[0], "max_out": t.size[1],
+                "wait_ms": max(0.0, (t.start_at - now) * 1000), "ttl_ms": (t.expires_at - now) * 1000, **more}
+
+    async def _ask(self, msg: dict[str, Any]) -> None:
+        """The data plane has a call that no lent ticket covers (`back`: one it took that does not): a ticket
+        made for it, with the round trip this shim's own path would make (Gate.hold: the budget hold and the
+        pool booking, giving `back` back in the same round trip), or `no` (the call then comes here as it came:
+        a cap refuses it, or the shim is stopping)."""
+        answer: dict[str, Any] = {"t": "no", "for": msg["id"]}
+        self.dataplane_asks += 1
+        try:
+            back = msg.get("back")
+            if back:
+                self._take_back(back)
+            if self._unfinished:  # earlier calls' settles first (and the tickets they take: Gate.hold waits for one)
+                self._finish_pending()
+            max_turns = self.cfg.limits.max_turns
+            if (self.stopped is not None or not self.ready or not self.gate.combined
+                    or (max_turns is not None and self.turns + len(self._lent) >= max_turns)):
+                return
+            nbytes, max_out = int(msg["bytes"]), int(msg["max_out"])
+            call_id = _new_id()
+            which, ok, wait_ms, _, hold_id, pace = await self.gate.hold(
+                call_id, lambda: self._estimate(nbytes, max_out), (nbytes, max_out))
+            if which:
+                return
+            waited = 0.0
+            if not ok:  # too far ahead to book: waits here until it is booked (ValkeyPacer.admitted)
+                waited, wait_ms = await self.pacer.admitted(pace, ok, wait_ms), 0.0
+            now = time.monotonic()
+            t = Ticket(hold_id, self._estimate(nbytes, max_out)[0], pace, (nbytes, max_out), True,
+                       now + wait_ms / 1000, now + self.gate.ticket_ttl_s, asked=True)
+            self._lent[hold_id] = t
+            answer = self._ticket_msg(t, call_id, now, waited_ms=waited, **{"for": msg["id"]})
+        except Exception as e:  # noqa: BLE001 - the call then comes here, where the same failure is answered
+            log.warning("a ticket for the data plane failed: %s", type(e).__name__)
+        finally:
+            if self.dataplane is not None:
+                self.dataplane.send(answer)
 
     def _recall_expired(self, everything: bool = False) -> list[tuple]:
         """Lent tickets past their time: asked back from the data plane (it stops using one a second early), and
@@ -647,11 +685,8 @@ class Shim:
         except Exception as e:  # noqa: BLE001 - holds expire, bookings decay
             log.warning("%s failed: %s", what, type(e).__name__)
 
-    def _returned(self, value: str) -> None:
-        """A ticket the data plane took for a call it then handed over: the call's to use or give back, here."""
-        secret, _, hold_id = value.partition(" ")
-        if not hmac.compare_digest(secret.encode(), self.dataplane.secret.encode()):
-            return
+    def _take_back(self, hold_id: str) -> None:
+        """A lent ticket the data plane did not use: the next call's here to use or give back (Gate.hold)."""
         t = self._lent.pop(hold_id, None) or self._recalling.pop(hold_id, None)
         if t is not None:
             fut = self._loop.create_future()
@@ -662,6 +697,8 @@ class Shim:
         kind = msg.get("t")
         if kind == "end":
             self._fast_end(msg)
+        elif kind == "ask":
+            self._spawn(self._ask(msg))
         elif kind == "recalled":
             self._recalled(msg["ids"])
         elif kind == "lost":
@@ -685,13 +722,15 @@ class Shim:
         if t is None:  # given back already (it should not be: the data plane stops using one early)
             log.error("call %s went on a ticket no longer held", call.call_id)
             return call, self._pace_request(call.payload_bytes, call.max_out)
-        self.gate.stats["used"] += 1
+        if not t.asked:  # (an asked one's ticket, if any, was counted by Gate.hold)
+            self.gate.stats["used"] += 1
         call.hold_id = t.hold_id
         return call, t.pace
 
     def _fast_end(self, msg: dict[str, Any]) -> None:
         """A call the data plane answered: metered from what it read, then the usual bookkeeping (_finish)."""
         call, pace = self._fast_call(msg["call"])
+        self.dataplane_calls += 1
         self._dp_in_flight = msg["in_flight"]
         call.pacer_wait_ms += msg["pacer_wait_ms"]
         limits = msg.get("limits")
@@ -703,9 +742,12 @@ class Shim:
         if now - self._discover_asked >= DISCOVERY_EVERY_S:
             self._discover_asked = now
             self.dataplane.send({"t": "discover"})
-        call.http_status = 200
         meter = msg.get("meter")
-        if meter is None:
+        if msg.get("cancelled"):  # cut at shutdown before its answer was committed (as _guarded's cancelled)
+            used = None if meter is None else self._stream_usage(call, self._meter(call.kind, meter), complete=False)
+            call.outcome = "cancelled"
+        elif meter is None:
+            call.http_status = 200
             call.answered = True
             raw = msg.get("usage")
             try:
@@ -714,6 +756,7 @@ class Shim:
                 raw = None
             used = self._account(call, raw if isinstance(raw, dict) else None, estimated=False)
         else:
+            call.http_status = 200
             meter = self._meter(call.kind, meter)
             cut = msg.get("failure") if msg.get("outcome") == "cut" else None
             if cut is None and meter.error is None and not meter.done:

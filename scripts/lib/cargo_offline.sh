@@ -10,8 +10,8 @@ ls -d /usr/share/cargo/registry/memchr-2.* >/dev/null 2>&1 || _need_apt+=(librus
 ls -d /usr/share/cargo/registry/libc-0.2.* >/dev/null 2>&1 || _need_apt+=(librust-libc-dev)
 if [ ${#_need_apt[@]} -gt 0 ]; then
   echo "cargo_offline: installing ${_need_apt[*]} with apt" >&2
-  _sudo=""; [ "$(id -u)" -eq 0 ] || _sudo=sudo
-  $_sudo apt-get update -qq && $_sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${_need_apt[@]}" >&2
+  . "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
+  apt_install "${_need_apt[@]}"
 fi
 mkdir -p "$STATE/cargo"
 cat >"$STATE/cargo/config.toml" <<'TOML'

@@ -11,16 +11,19 @@
 //!     that broke, a stream that failed before content) is handed to the Python shim as a *resume*: the request
 //!     with the failed attempt in `x-evalplane-resume`; the Python shim retries, answers and records the call
 //!     (for a stream whose head the harness has, its answer's head is dropped here and its events follow);
-//!   - anything else (no ticket, bad requests, other routes, status, chunked or compressed bodies, Expect) goes
-//!     to the Python shim as it came, and its answer back as it came: the Python shim is the reference, and
-//!     this file only takes the common case off it.
-use std::collections::VecDeque;
+//!   - a call no lent ticket covers asks the control plane for one (`ask`): it makes the Valkey round trip the
+//!     Python shim's own path would (the budget hold and the pool booking) and answers with a ticket, or with
+//!     `no` (a budget or turn cap that refuses it, shutting down), and then the call goes to the Python shim;
+//!   - anything else (bad requests, other routes, status, chunked or compressed bodies, Expect) goes to the
+//!     Python shim as it came, and its answer back as it came: the Python shim is the reference, and this file
+//!     only takes the common case off it.
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -77,24 +80,94 @@ struct Ticket {
     max_out: u64,
     start_at: Instant,
     usable_until: Instant,
+    waited_ms: f64, // the pacer wait the control plane already spent on it (an asked ticket booked late)
 }
 
-/// Writes the messages for the control plane: each write waits `batch` after the first message it carries, and
-/// takes all that came meanwhile. Why: a call's `end` wakes the Python shim, and on a task's one or two vCPUs
-/// that was just when the harness, woken by the answer, wanted the CPU (shim/server.py waits likewise before a
-/// call's bookkeeping); and while calls overlap, several calls' messages cost the Python shim one wake-up. Ends
-/// when every sender is gone, after writing what it has.
-pub fn writer(mut out: UnixStream, rx: mpsc::Receiver<Vec<u8>>, batch: Duration) {
-    while let Ok(first) = rx.recv() {
-        let mut buf = first;
-        if !batch.is_zero() {
-            thread::sleep(batch);
+impl Ticket {
+    fn from_msg(msg: &Value) -> Ticket {
+        let f = |k: &str| msg.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
+        let s = |k: &str| msg.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
+        let now = Instant::now();
+        let ttl = Duration::from_secs_f64(f("ttl_ms").max(0.0) / 1000.0);
+        Ticket {
+            id: s("id"),
+            call: s("call"),
+            bytes: f("bytes") as u64,
+            max_out: f("max_out") as u64,
+            start_at: now + Duration::from_secs_f64(f("wait_ms").max(0.0) / 1000.0),
+            usable_until: now + ttl.saturating_sub(TICKET_MARGIN),
+            waited_ms: f("waited_ms"),
         }
-        while let Ok(more) = rx.try_recv() {
-            buf.extend_from_slice(&more);
-        }
-        if out.write_all(&buf).is_err() {
+    }
+}
+
+/// The messages for the control plane, written by `run` on a thread of its own: a write waits `batch` after the
+/// first message it carries and takes all that came meanwhile, unless a message is urgent (it goes at once, with
+/// those before it). Why the wait: a call's `end` wakes the Python shim, and on a task's one or two vCPUs that was
+/// just when the harness, woken by the answer, wanted the CPU (shim/server.py waits likewise before a call's
+/// bookkeeping); and while calls overlap, several calls' messages cost the Python shim one wake-up. A message
+/// that comes while a write waits does not wake the writer.
+pub struct Outbox {
+    state: Mutex<Pending>,
+    cv: Condvar,
+}
+
+struct Pending {
+    buf: Vec<u8>,
+    urgent: bool,
+    closed: bool,
+}
+
+impl Outbox {
+    pub fn new() -> Outbox {
+        Outbox { state: Mutex::new(Pending { buf: Vec::new(), urgent: false, closed: false }), cv: Condvar::new() }
+    }
+
+    pub fn push(&self, line: &[u8], urgent: bool) {
+        let mut p = self.state.lock().unwrap();
+        if p.closed {
             return;
+        }
+        let wake = p.buf.is_empty() || (urgent && !p.urgent);
+        p.buf.extend_from_slice(line);
+        p.urgent |= urgent;
+        drop(p);
+        if wake {
+            self.cv.notify_one();
+        }
+    }
+
+    /// No more messages: `run` returns once it has written what it has.
+    pub fn close(&self) {
+        self.state.lock().unwrap().closed = true;
+        self.cv.notify_one();
+    }
+
+    pub fn run(&self, mut out: UnixStream, batch: Duration) {
+        let mut p = self.state.lock().unwrap();
+        loop {
+            while p.buf.is_empty() && !p.closed {
+                p = self.cv.wait(p).unwrap();
+            }
+            if p.buf.is_empty() {
+                return; // closed, all written
+            }
+            let deadline = Instant::now() + batch;
+            while !p.urgent && !p.closed {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                p = self.cv.wait_timeout(p, left).unwrap().0;
+            }
+            let buf = std::mem::take(&mut p.buf);
+            p.urgent = false;
+            drop(p);
+            if out.write_all(&buf).is_err() {
+                self.close();
+                return;
+            }
+            p = self.state.lock().unwrap();
         }
     }
 }
@@ -103,14 +176,22 @@ pub struct Front {
     cfg: Config,
     model_json: Vec<u8>,
     tickets: Mutex<VecDeque<Ticket>>,
-    control: Mutex<mpsc::Sender<Vec<u8>>>,
+    asks: Mutex<HashMap<u64, mpsc::Sender<Option<Ticket>>>>, // calls waiting for the control plane's answer
+    next_ask: AtomicU64,
+    control: Arc<Outbox>,
     pub stopping: AtomicBool,
+    lost: AtomicBool,
+    cutting: AtomicBool,
+    ups: Mutex<HashMap<thread::ThreadId, TcpStream>>, // each connection thread's upstream socket (for `cut`)
     pub in_flight: AtomicUsize,
     discover: AtomicBool,
 }
 
 /// A ticket is not used in its last second: the control plane gives it back when its time is up.
 const TICKET_MARGIN: Duration = Duration::from_secs(1);
+/// How long a call waits for the answer to its `ask` before it goes to the Python shim as it came (the control
+/// plane answers every ask; this is for one that is stuck).
+const ASK_TIMEOUT: Duration = Duration::from_secs(30);
 
 enum Route {
     Messages,
@@ -164,50 +245,76 @@ fn max_out_of(a: Option<&[u8]>, b: Option<&[u8]>, default: u64) -> u64 {
 }
 
 impl Front {
-    /// `control`: where messages go, written by `writer` (run on a thread of its own).
-    pub fn new(cfg: Config, control: mpsc::Sender<Vec<u8>>) -> Front {
+    /// `control`: where messages go (its `run` on a thread of its own writes them).
+    pub fn new(cfg: Config, control: Arc<Outbox>) -> Front {
         let model_json = Value::String(cfg.model.clone()).to_string().into_bytes();
         Front {
             cfg,
             model_json,
             tickets: Mutex::new(VecDeque::new()),
-            control: Mutex::new(control),
+            asks: Mutex::new(HashMap::new()),
+            next_ask: AtomicU64::new(1),
+            control,
             stopping: AtomicBool::new(false),
+            lost: AtomicBool::new(false),
+            cutting: AtomicBool::new(false),
+            ups: Mutex::new(HashMap::new()),
             in_flight: AtomicUsize::new(0),
             discover: AtomicBool::new(true),
         }
     }
 
-    /// One message to the control plane, as a line of JSON (written by `writer`).
+    /// One message to the control plane, as a line of JSON (batched: Outbox).
     pub fn send(&self, msg: &Value) {
-        let mut line = msg.to_string().into_bytes();
-        line.push(b'\n');
-        let _ = self.control.lock().unwrap().send(line);
+        self.post(msg, false)
     }
 
-    /// No more messages: the writer ends once it has written what it has. (Connection threads still running
-    /// hold no sender of their own: they send through this one.)
+    /// One message to the control plane that goes at once, with those waiting before it.
+    pub fn send_now(&self, msg: &Value) {
+        self.post(msg, true)
+    }
+
+    fn post(&self, msg: &Value, urgent: bool) {
+        let mut line = msg.to_string().into_bytes();
+        line.push(b'\n');
+        self.control.push(&line, urgent);
+    }
+
+    /// No more messages: the writer ends once it has written what it has.
     pub fn close(&self) {
-        let (dead, _) = mpsc::channel();
-        *self.control.lock().unwrap() = dead;
+        self.control.close();
+    }
+
+    /// The control plane is gone: no ask will be answered (the calls waiting go to the Python shim, which is
+    /// gone too: they fail as any call to it would).
+    pub fn lost(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.lost.store(true, Ordering::SeqCst);
+        self.asks.lock().unwrap().clear();
     }
 
     /// A message from the control plane.
     pub fn on_control(&self, msg: &Value) {
         match msg.get("t").and_then(|t| t.as_str()) {
             Some("ticket") => {
-                let f = |k: &str| msg.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
-                let s = |k: &str| msg.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
-                let now = Instant::now();
-                let ttl = Duration::from_secs_f64(f("ttl_ms").max(0.0) / 1000.0);
-                self.tickets.lock().unwrap().push_back(Ticket {
-                    id: s("id"),
-                    call: s("call"),
-                    bytes: f("bytes") as u64,
-                    max_out: f("max_out") as u64,
-                    start_at: now + Duration::from_secs_f64(f("wait_ms").max(0.0) / 1000.0),
-                    usable_until: now + ttl.saturating_sub(TICKET_MARGIN),
-                });
+                let t = Ticket::from_msg(msg);
+                // an ask's answer goes to the call that asked; one that stopped waiting leaves it to the next call
+                if let Some(asker) = msg.get("for").and_then(|v| v.as_u64()) {
+                    if let Some(tx) = self.asks.lock().unwrap().remove(&asker) {
+                        if let Err(mpsc::SendError(Some(t))) = tx.send(Some(t)) {
+                            self.tickets.lock().unwrap().push_back(t);
+                        }
+                        return;
+                    }
+                }
+                self.tickets.lock().unwrap().push_back(t);
+            }
+            Some("no") => {
+                if let Some(asker) = msg.get("for").and_then(|v| v.as_u64()) {
+                    if let Some(tx) = self.asks.lock().unwrap().remove(&asker) {
+                        let _ = tx.send(None);
+                    }
+                }
             }
             Some("recall") => {
                 // the control plane takes back those of `ids` not used yet (it gives them back to Valkey); a
@@ -225,7 +332,7 @@ impl Front {
                     !recalled
                 });
                 drop(q);
-                self.send(&json!({"t": "recalled", "ids": back}));
+                self.send_now(&json!({"t": "recalled", "ids": back}));
             }
             Some("discover") => self.discover.store(true, Ordering::Relaxed),
             Some("stop") => self.stopping.store(true, Ordering::SeqCst),
@@ -245,7 +352,38 @@ impl Front {
         None
     }
 
+    /// A ticket for a call of `bytes` and `max_out` from the control plane (`back`: one taken that does not
+    /// cover it, for the control plane to give back), or None: the call goes to the Python shim.
+    fn ask(&self, bytes: usize, max_out: u64, back: Option<String>) -> Option<Ticket> {
+        let id = self.next_ask.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel();
+        self.asks.lock().unwrap().insert(id, tx);
+        if self.lost.load(Ordering::SeqCst) {
+            self.asks.lock().unwrap().remove(&id);
+            return None;
+        }
+        self.send_now(&json!({"t": "ask", "id": id, "bytes": bytes, "max_out": max_out, "back": back}));
+        let got = rx.recv_timeout(ASK_TIMEOUT);
+        self.asks.lock().unwrap().remove(&id);
+        got.ok().flatten()
+    }
+
+    /// Shutdown, after the calls in flight had their time: their upstream connections are cut, and each call
+    /// reports what it had (its `end`: cut, or cancelled before its answer was committed), as the Python shim's
+    /// own calls are cancelled at shutdown.
+    pub fn cut(&self) {
+        self.cutting.store(true, Ordering::SeqCst);
+        for s in self.ups.lock().unwrap().values() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
     pub fn serve(self: &Arc<Self>, s: TcpStream) {
+        self.serve_conn(s);
+        self.ups.lock().unwrap().remove(&thread::current().id());
+    }
+
+    fn serve_conn(self: &Arc<Self>, s: TcpStream) {
         let _ = s.set_nodelay(true);
         let mut down = Conn::new(s);
         let mut py: Option<Conn> = None;
@@ -276,20 +414,16 @@ impl Front {
             }
             let raw = down.take(n + len);
             let keep = head.keep_alive();
+            let t0 = Instant::now();
             let result = match self.fast(&head, &raw[n..]) {
-                Ok((kind, payload, ticket, max_out, stream)) => {
+                Some((kind, payload, ticket, max_out, stream)) => {
                     self.in_flight.fetch_add(1, Ordering::SeqCst);
-                    let r = self.call(&mut down, &mut up, &mut py, &head, kind, payload, ticket, max_out, stream);
+                    let r =
+                        self.call(&mut down, &mut up, &mut py, &head, kind, payload, ticket, max_out, stream, t0);
                     self.in_flight.fetch_sub(1, Ordering::SeqCst);
                     r
                 }
-                Err(ticket) => {
-                    let extra = match ticket {
-                        Some(t) => format!("x-evalplane-ticket: {} {}\r\n", self.cfg.secret, t.id),
-                        None => String::new(),
-                    };
-                    self.to_python(&mut down, &mut py, &raw[..n], &raw[n..], &extra, false, head.first[0] == "HEAD")
-                }
+                None => self.to_python(&mut down, &mut py, &raw[..n], &raw[n..], "", false, head.first[0] == "HEAD"),
             };
             match result {
                 Ok(true) if keep => continue,
@@ -302,16 +436,14 @@ impl Front {
     }
 
     /// Whether the request goes on the fast path: (route, the payload to send, its ticket, max_tokens, stream).
-    /// Err(ticket): not, and the ticket taken for it, if any, goes back to the control plane with it.
-    #[allow(clippy::type_complexity)]
-    fn fast(&self, head: &Head, body: &[u8]) -> Result<(Route, Vec<u8>, Ticket, u64, bool), Option<Ticket>> {
+    fn fast(&self, head: &Head, body: &[u8]) -> Option<(Route, Vec<u8>, Ticket, u64, bool)> {
         if head.first[0] != "POST" || self.stopping.load(Ordering::Relaxed) || head.has("content-encoding") {
-            return Err(None);
+            return None;
         }
         let kind = match head.first[1].as_str() {
             "/v1/messages" | "/messages" => Route::Messages,
             "/v1/chat/completions" | "/chat/completions" => Route::Chat,
-            _ => return Err(None),
+            _ => return None,
         };
         let token = head.get("x-api-key").filter(|t| !t.is_empty()).or_else(|| {
             head.get("authorization")
@@ -319,13 +451,13 @@ impl Front {
                 .map(|a| a[7..].trim())
         });
         if token != Some(self.cfg.token.as_str()) {
-            return Err(None);
+            return None;
         }
-        let members = scan::members(body).ok_or(None)?;
+        let members = scan::members(body)?;
         let last = |name: &str| members.iter().rev().find(|m| m.name == name).map(|m| &body[m.value.clone()]);
-        let model = last("model").ok_or(None)?;
+        let model = last("model")?;
         if model.first() != Some(&b'"') || model == b"\"\"" {
-            return Err(None);
+            return None;
         }
         let stream = last("stream") == Some(b"true");
         let mut inject = false;
@@ -339,7 +471,7 @@ impl Front {
                         })
                     });
                     if !ok {
-                        return Err(None);
+                        return None;
                     }
                 }
             }
@@ -358,11 +490,11 @@ impl Front {
                 if empty { b"\"stream_options\":{\"include_usage\":true}" } else { b",\"stream_options\":{\"include_usage\":true}" };
             payload.splice(end..end, member.iter().copied());
         }
-        let ticket = self.take_ticket().ok_or(None)?;
-        if payload.len() as u64 > ticket.bytes || max_out > ticket.max_out {
-            return Err(Some(ticket));
-        }
-        Ok((kind, payload, ticket, max_out, stream))
+        let ticket = match self.take_ticket() {
+            Some(t) if payload.len() as u64 <= t.bytes && max_out <= t.max_out => t,
+            other => self.ask(payload.len(), max_out, other.map(|t| t.id))?,
+        };
+        Some((kind, payload, ticket, max_out, stream))
     }
 
     /// The upstream request's head: the harness's headers less hop-by-hop, auth, cookies and encodings, with
@@ -404,6 +536,12 @@ impl Front {
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address"))?;
         let s = TcpStream::connect_timeout(&addr, self.cfg.connect_timeout)?;
         s.set_nodelay(true)?;
+        if let Ok(handle) = s.try_clone() {
+            self.ups.lock().unwrap().insert(thread::current().id(), handle);
+            if self.cutting.load(Ordering::SeqCst) {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
         let mut c = Conn::new(s);
         c.set_read_timeout(self.cfg.read_timeout)?;
         Ok(c)
@@ -448,8 +586,8 @@ impl Front {
         ticket: Ticket,
         max_out: u64,
         stream: bool,
+        t0: Instant,
     ) -> io::Result<bool> {
-        let t0 = Instant::now();
         // what the control plane is told of the call with its outcome (`end`, or a resume)
         let call = json!({"call": ticket.call, "ticket": ticket.id, "route": head.first[1],
                           "kind": if matches!(kind, Route::Messages) {"messages"} else {"chat"},
@@ -458,7 +596,7 @@ impl Front {
         if ticket.start_at > now {
             thread::sleep(ticket.start_at - now); // the pool's booked slot
         }
-        let waited = (Instant::now() - now).as_secs_f64() * 1000.0;
+        let waited = ticket.waited_ms + (Instant::now() - now).as_secs_f64() * 1000.0;
         let request = self.upstream_head(head, &kind, payload.len());
         let failed = match self.exchange(up, &request, &payload) {
             Err(e) => {
@@ -553,6 +691,17 @@ impl Front {
                 }
             }
         };
+        if self.cutting.load(Ordering::SeqCst) {
+            let meter = match &failed {
+                Failed::StreamEarly { meter, .. } | Failed::StreamError { meter } => meter_json(meter),
+                _ => Value::Null,
+            };
+            let latency = t0.elapsed().as_secs_f64() * 1000.0;
+            self.send(&json!({"t": "end", "call": call, "latency_ms": latency, "pacer_wait_ms": waited,
+                              "cancelled": true, "meter": meter,
+                              "in_flight": self.in_flight.load(Ordering::Relaxed) - 1}));
+            return Ok(false);
+        }
         let head_sent = stream && matches!(failed, Failed::StreamEarly { .. } | Failed::StreamError { .. });
         self.resume(down, py, head, &payload, &call, waited, head_sent, failed)
     }

@@ -4,15 +4,15 @@
 //!
 //! The control plane writes one line of JSON first: the config (listen address, the Python shim's own address,
 //! upstream, model, the local token, the real key: never on the command line or in the environment). This
-//! process answers {"t":"ready","port":N} once it listens, then takes `ticket`, `recall`, `discover` and `stop`
-//! lines, and writes `begin`, `end` and `recalled` lines (front.rs). It exits when told to stop (after the calls
+//! process answers {"t":"ready","port":N} once it listens, then takes `ticket`, `no`, `recall`, `discover` and
+//! `stop` lines, and writes `ask`, `end`, `recalled` and `bye` lines (front.rs). It exits when told to stop (after the calls
 //! in flight, up to `shutdown_timeout_s`) or when the control plane goes away.
 use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::io::FromRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -47,10 +47,11 @@ fn main() {
     let listener = TcpListener::bind((host.as_str(), port)).unwrap_or_else(|e| fail(&format!("cannot listen: {e}")));
     let addr = listener.local_addr().unwrap_or_else(|e| fail(&format!("no local address: {e}")));
     let batch = Duration::from_secs_f64(v.get("batch_s").and_then(|s| s.as_f64()).unwrap_or(0.0).max(0.0));
-    let (tx, rx) = mpsc::channel();
-    let writer = thread::spawn(move || front::writer(control, rx, batch));
-    let front = Arc::new(front::Front::new(cfg, tx));
-    front.send(&serde_json::json!({"t": "ready", "port": addr.port()}));
+    let outbox = Arc::new(front::Outbox::new());
+    let out = Arc::clone(&outbox);
+    let writer = thread::spawn(move || out.run(control, batch));
+    let front = Arc::new(front::Front::new(cfg, outbox));
+    front.send_now(&serde_json::json!({"t": "ready", "port": addr.port()}));
 
     // the control plane's lines; its going away ends this process too
     let f = Arc::clone(&front);
@@ -60,7 +61,7 @@ fn main() {
             line.clear();
             match lines.read_line(&mut line) {
                 Ok(0) | Err(_) => {
-                    f.stopping.store(true, Ordering::SeqCst);
+                    f.lost();
                     let _ = TcpStream::connect(addr); // wakes the accept loop
                     return;
                 }
@@ -87,12 +88,19 @@ fn main() {
         }
     }
     drop(listener);
-    // the calls in flight finish (their `end` lines written), up to the timeout; idle connections close with us
-    let deadline = Instant::now() + shutdown;
-    while front.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
-        thread::sleep(Duration::from_millis(5));
+    // the calls in flight finish (their `end` lines written), up to the timeout; then they are cut, and report
+    // what they had; idle connections close with us
+    let wait = |until: Instant| {
+        while front.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < until {
+            thread::sleep(Duration::from_millis(5));
+        }
+    };
+    wait(Instant::now() + shutdown);
+    if front.in_flight.load(Ordering::SeqCst) > 0 {
+        front.cut();
+        wait(Instant::now() + Duration::from_secs(1));
     }
-    front.send(&serde_json::json!({"t": "bye", "in_flight": front.in_flight.load(Ordering::SeqCst)}));
+    front.send_now(&serde_json::json!({"t": "bye", "in_flight": front.in_flight.load(Ordering::SeqCst)}));
     front.close();
     let _ = writer.join(); // what it has is written
     std::process::exit(0)
