@@ -23,7 +23,7 @@ same round trip. Every call is still held and admitted before it is forwarded; w
     booking (request and tokens) refunded; also at shutdown. A task killed outright leaks it as it would
     leak an in-flight call's: the hold expires (hold_ttl_s), the booking decays.
 A shim keeps at most as many tickets as it has calls in flight, so a harness making one call at a time holds
-one ticket at most; while calls overlap, one spare beyond that (Gate.tickets_wanted).
+one ticket at most (Gate.tickets_wanted).
 
 The run's keys ({run} hash tag) and the pool's ({pool}) are on one node: the deployed Valkey is a replication
 group (one primary, cluster mode off). A cluster would need the two scripts pipelined instead.
@@ -230,15 +230,18 @@ class Gate:
     # ------------------------------------------------------------ tickets
 
     def tickets_wanted(self, in_flight: int, lent: int = 0) -> int:
-        """How many tickets a call answered now should ask for: at most one per call in flight (this one
-        included), and while calls overlap one spare when none is left. Why the spare: with calls overlapping,
-        the next call (often the same caller's, at once) takes the oldest ticket; without a spare that is the
-        one just asked for, still a round trip away. One spare per shim, not per call, so a harness making one
-        call at a time never has one."""
+        """How many tickets a call answered now should ask for: never more than one per call in flight (this one
+        included); one for a call alone; while calls overlap, up to two until there is one per call in flight.
+        Why two: with calls overlapping, the next call (often the same caller's, at once) takes the oldest
+        ticket; a ticket asked for now is a round trip (with the compiled data plane, a batched `end` line and a
+        round trip) away, so the stock must run ahead of the calls. Measured at c=16 against an instant
+        simulator with the compiled data plane: up to one more only when none was left, 50% of calls found no
+        ticket; up to two while short, 12-24% (bench/bench_shim.py prints the share). A harness making one call
+        at a time never holds more than one."""
         have = len(self.tickets) + lent  # lent: those the compiled data plane holds (shim/front.py)
         if self.ticket_ttl_s <= 0 or have >= in_flight:
             return 0
-        return 2 if in_flight > 1 and not have else 1
+        return min(in_flight - have, 2) if in_flight > 1 else 1
 
     def ticket_args(self, hold_id: str, est_micro: int, pace: PaceRequest,
                     size: tuple[int, int] | None = None) -> tuple[list, _Pending]:

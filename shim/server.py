@@ -537,7 +537,9 @@ class Shim:
         cmds += self._recall_expired()
         n = len(cmds)
         pool = None if call.final_pace is None else ValkeyPacer.settle_args(*self._pool_actuals(call))
-        wanted = (gate.tickets_wanted(self.in_flight + self._dp_in_flight, len(self._lent))
+        # lent tickets not in a call yet: each of the data plane's calls in flight holds one of self._lent
+        spare = max(0, len(self._lent) - self._dp_in_flight)
+        wanted = (gate.tickets_wanted(self.in_flight + self._dp_in_flight, spare)
                   if call.hold_id is not None and self.stopped is None and self.ready else 0)
         tickets, targs = [], []
         if wanted:

@@ -82,6 +82,38 @@ def test_sigterm_during_stream(sim, shim):
     assert status["ledger_rows"] == 1 and status["calls"] == 1
 
 
+def test_sigterm_while_a_call_waits_for_its_answer(sim, shim):
+    """A non-stream call still waiting for the provider when shutdown_timeout_s runs out is cancelled, and
+    still lands its one ledger row (with either data plane: the compiled one cuts its calls in flight and
+    reports them)."""
+    url = sim(tokens_per_s=5)
+    s = shim(url, shutdown_timeout_s=0.3)  # the answer would take ~10 s
+    got: list[object] = []
+
+    def harness():
+        try:
+            got.append(httpx.post(f"{s.base}/v1/messages", headers={"x-api-key": LOCAL_TOKEN}, timeout=30,
+                                  json={**STREAM, "stream": False, "max_tokens": 50}).status_code)
+        except httpx.HTTPError as e:
+            got.append(e)
+
+    t = threading.Thread(target=harness)
+    t.start()
+    deadline = time.monotonic() + 10
+    while not sum(m["requests"] for m in httpx.get(f"{url}/_sim/stats").json()["models"].values()):
+        assert time.monotonic() < deadline  # until the provider has the call
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    assert s.stop(signal.SIGTERM) == 0
+    assert time.monotonic() - t0 < 10
+    t.join(10)
+    assert got and got[0] != 200
+    (row,) = s.rows()
+    assert row["outcome"] == "cancelled" and row["http_status"] == 0
+    status = json.loads((s.dir / "status.json").read_text())
+    assert status["ledger_rows"] == 1 and status["calls"] == 1 and status["in_flight"] == 0
+
+
 def test_a_lone_calls_bookkeeping_waits_finish_delay_s(sim, shim, valkey, unique):
     """A lone call's ledger row, settles and progress come finish_delay_s after its answer (the harness, just
     woken by it, gets the CPU first), with the call's own latency; a call that starts before then writes the

@@ -119,18 +119,20 @@ def test_tickets_off(sim, shim, valkey, unique):
     assert s.status()["tickets"] == {"taken": 0, "used": 0, "returned": 0}
 
 
-def test_one_spare_ticket_while_calls_overlap_and_none_for_one_call_at_a_time():
-    """Gate.tickets_wanted: one ticket per call in flight; a second (the spare) only when calls overlap and no
-    ticket is left, so that the next call does not find only the one just asked for, still a round trip away."""
+def test_tickets_run_ahead_while_calls_overlap_and_one_for_one_call_at_a_time():
+    """Gate.tickets_wanted: never more tickets than calls in flight; one for a call alone; while calls overlap,
+    up to two per answered call until there is one per call in flight (the next call should not find only the
+    one just asked for, still a round trip away)."""
     kv = KV("redis://127.0.0.1:6379/0")  # never connects: nothing here is sent
     ref = AttemptRef(run="r", instance_id="repo__repo-1", attempt=1)
     gate = Gate(ValkeyBudget(kv, ref, 1.0, 10.0, 60), ValkeyPacer(kv, "p"), ticket_ttl_s=15)
     assert gate.tickets_wanted(1) == 1  # one call at a time: never a spare
-    assert gate.tickets_wanted(3) == 2  # overlapping, none left: one more
+    assert gate.tickets_wanted(3) == 2 and gate.tickets_wanted(16) == 2  # overlapping, none left: two
     loop = asyncio.new_event_loop()
     try:
         gate.tickets.append(loop.create_future())
-        assert gate.tickets_wanted(1) == 0 and gate.tickets_wanted(3) == 1
+        assert gate.tickets_wanted(1) == 0 and gate.tickets_wanted(2) == 1 and gate.tickets_wanted(4) == 2
+        assert gate.tickets_wanted(3, lent=1) == 1  # lent: those the compiled data plane holds unused
         gate.tickets.extend([loop.create_future(), loop.create_future()])
         assert gate.tickets_wanted(3) == 0  # as many tickets as calls in flight
     finally:

@@ -30,7 +30,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 use crate::http::{
-    self, chunk, client_gone, down_headers, next_chunk, read_body, response_framing, Conn, Framing, Head, CLIENT_GONE,
+    self, chunk, chunk_ready, client_gone, down_headers, next_chunk, read_body, response_framing, Conn, Framing, Head,
+    CLIENT_GONE,
 };
 use crate::scan;
 use crate::sse::{self, Meter};
@@ -739,6 +740,7 @@ impl Front {
         let mut committed = false;
         let mut answer_ended = false;
         let mut whole = None;
+        let mut out: Vec<u8> = Vec::new(); // for the harness: events already read go together (one write)
         if framing != Framing::Chunked {
             match read_body(up, framing) {
                 Ok(body) => whole = Some(body),
@@ -774,12 +776,16 @@ impl Front {
                 committed = true;
                 std::mem::take(&mut held)
             };
-            let mut out = chunk(&data);
+            out.extend_from_slice(&chunk(&data));
             let last = meter.done || meter.error.is_some();
             if last {
                 out.extend_from_slice(b"0\r\n\r\n"); // the final or error event ends the answer
+            } else if framing == Framing::Chunked && chunk_ready(up) {
+                continue; // the next event is here already: it goes with this one
             }
-            if down.write(&out).is_err() {
+            let written = down.write(&out);
+            out.clear();
+            if written.is_err() {
                 // the harness went away: stop reading (the provider stops), meter what came
                 let failure = Some(CLIENT_GONE.to_string());
                 return Relayed::Committed { meter, outcome: "cut".into(), failure, answer_ended, clean: false };

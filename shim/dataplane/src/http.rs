@@ -245,6 +245,25 @@ pub fn response_framing(head: &Head, head_request: bool) -> io::Result<Framing> 
 
 /// A chunked body's decoder over a Conn: each call gives the next chunk's data, None after the last one (its
 /// trailers read and dropped). `raw`, if given, gets the bytes exactly as they were framed.
+/// Whether `next_chunk` would return at once: the buffer holds a whole chunk (or a bad size line, which it
+/// reports as soon). A last chunk counts when its blank line is in (trailers are rare enough to wait for).
+pub fn chunk_ready(c: &Conn) -> bool {
+    let i = match memmem::find(&c.buf, b"\r\n") {
+        Some(i) => i,
+        None => return false,
+    };
+    let size = match std::str::from_utf8(&c.buf[..i]).ok().and_then(|l| {
+        usize::from_str_radix(l.split(';').next().unwrap_or("").trim(), 16).ok()
+    }) {
+        Some(n) => n,
+        None => return true,
+    };
+    if size == 0 {
+        return c.buf[i..].starts_with(b"\r\n\r\n");
+    }
+    c.buf.len() >= i + 4 + size
+}
+
 pub fn next_chunk(c: &mut Conn, mut raw: Option<&mut Vec<u8>>) -> io::Result<Option<Vec<u8>>> {
     loop {
         if let Some(i) = memmem::find(&c.buf, b"\r\n") {
