@@ -428,7 +428,7 @@ async def pacer_rate(valkey_url: str, pool: str, seconds: float, conc: int = 64)
     return statistics.mean(rates["pacer"]), statistics.mean(rates["noop"])
 
 
-_seen = {"calls": 0, "used": 0}
+_seen = {"calls": 0, "used": 0, "asks": 0}
 
 
 def print_paths(via: str) -> None:
@@ -524,7 +524,7 @@ def main() -> int:
                 report_latency(asyncio.run(latency_closed(sim, via_lp, relay, 1, calls, body=long_body(),
                                                           streams=(False,), more={"pinning": pinning, **more})),
                                1, tag=" long prompt")
-                _seen.update(calls=0, used=0)
+                _seen.update(calls=0, used=0, asks=0)
                 print_paths(via_lp)
             print("   informational, not a target: c=64 lockstep bursts (64 calls in the same millisecond, "
                   "direct and shim waves alternating)")
