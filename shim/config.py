@@ -45,6 +45,8 @@ class Limits:
 
 _REQUIRED = object()
 
+_BATCH_SIZE_MAX = 200  # ledger rows per SQS message
+
 # name: (type, default, constraint); type is one of str int float path bool, or a tuple of allowed strings;
 # "?" after it = may be null. Constraint: (op, bound) with op in ge gt le minlen.
 _FIELDS: dict[str, tuple[Any, Any, tuple[str, float] | None]] = {
@@ -60,9 +62,11 @@ _FIELDS: dict[str, tuple[Any, Any, tuple[str, float] | None]] = {
     "ledger_path": ("path", _REQUIRED, None),
     "valkey_url": ("str?", None, None),  # progress, budgets, discovered limits; None = local only
     "results_queue_url": ("str?", None, None),
-    # ledger rows per SQS message: 100 rows of ~0.6 KB fill about one 64 KiB unit SQS bills by; 25 a message cost the
-    # shim ~8% of its CPU per call in the SQS sender at ~1,300 calls/s (bench/bench_shim.py's CPU workload)
-    "batch_size": ("int", 100, ("ge", 1)),
+    # ledger rows per SQS message, at most (a partial batch goes after batch_interval_s): each message costs the shim
+    # a signed request in a thread. Side by side at c=16 and ~1,500 calls/s (bench/bench_shim.py's CPU workload), the
+    # shim's CPU per call was 0.34 ms at 25 rows, 0.27 at 100 and 0.225 at 200 (against 0.245 in the same run); 200
+    # rows of ~0.6 KB are ~120 KB, within SQS's 256 KiB (Ledger splits a batch that is not)
+    "batch_size": ("int", _BATCH_SIZE_MAX, ("ge", 1)),
     "batch_interval_s": ("float", 2.0, ("gt", 0)),
     "limits": ("limits", None, None),
     "run_cost_usd": ("float?", None, None),
@@ -100,7 +104,6 @@ _FIELDS: dict[str, tuple[Any, Any, tuple[str, float] | None]] = {
     # where no shim_dataplane binary is built (scripts/build_dataplane.sh; the harness image has one)
     "dataplane": (("python", "compiled"), "compiled", None),
 }
-_BATCH_SIZE_MAX = 200
 
 
 def _get(obj: Any, name: str) -> Any:

@@ -3,14 +3,16 @@
 Why: on a call's path the Python shim adds 0.4-0.6 ms (0.9 ms with a 150 KB prompt) on the VMs we measured; the
 same path compiled adds 0.1-0.25 ms (docs/shim.md, "The data plane"). So with `dataplane: compiled` the harness
 talks to the compiled process, and this one keeps everything off the path: tickets (the hold and pool booking
-of a call, taken ahead: shim/gate.py), metering, the ledger, settles, progress, limit discovery, and every call
-the compiled side does not take (no ticket, bad requests, retries: they reach shim/server.py over loopback).
+of a call, taken ahead, or on the child's ask: shim/gate.py), metering, the ledger, settles, progress, limit
+discovery, and every call the compiled side does not take (refused a ticket, bad requests, retries: they reach
+shim/server.py over loopback).
 
-Protocol: lines of JSON on a Unix socket pair (the child's end named by `--control-fd`). This side writes the config first (with the
-real key: never argv or the environment), then `ticket` (lend one), `recall`, `discover` (send the next answer's
-rate-limit headers) and `stop`. The child writes `ready`, `begin` (a call on a ticket is going upstream), `end`
-(its answer went to the harness: status, usage events, timings), `recalled` and `bye`. A call whose attempt
-failed in a way worth retrying comes to shim/server.py as an HTTP request with `x-evalplane-resume` (Shim.resume).
+Protocol: lines of JSON on a Unix socket pair (the child's end named by `--control-fd`). This side writes the
+config first (with the real key: never argv or the environment), then `ticket` (lend one, or the answer to an
+ask: `for`), `no` (an ask refused), `recall`, `discover` (send the next answer's rate-limit headers) and `stop`.
+The child writes `ready`, `ask` (a call no lent ticket covers: Shim._ask), `end` (a call's answer went to the
+harness: usage, timings; or it was cut at shutdown), `recalled` and `bye`. A call whose attempt failed in a way
+worth retrying comes to shim/server.py as an HTTP request with `x-evalplane-resume` (Shim.resume).
 """
 
 from __future__ import annotations
