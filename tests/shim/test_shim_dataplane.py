@@ -79,7 +79,7 @@ def test_failed_attempts_are_handed_over_and_retried(shim):
     body = {"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}
     overloaded = sse("error", {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
     script = [
-        (200, {}, ANTHROPIC_OK),  # first call: no ticket yet, the Python shim's
+        (200, {}, ANTHROPIC_OK),  # first call: on a ticket the data plane asked for
         (429, {"retry-after": "0"}, {"type": "error", "error": {"type": "rate_limit_error", "message": "slow"}}),
         (200, {}, ANTHROPIC_OK),  # the handed-over retry of call 2
         (500, {}, LITELLM_OVERLOADED_500),
@@ -126,7 +126,7 @@ def test_turn_cap_holds_with_lent_tickets(sim, shim):
 def test_harness_leaving_a_stream_on_a_ticket_is_metered(sim, shim):
     s = shim(sim(tokens_per_s=10), dataplane="compiled")  # the answer takes ~1 s
     body = {"model": "m", "max_tokens": 200, "messages": [{"role": "user", "content": "a long story please " * 10}]}
-    assert _post(s, body).status_code == 200  # the Python shim's (no ticket yet); it takes the first ticket
+    assert _post(s, body).status_code == 200  # on a ticket asked for; its bookkeeping takes the next one
     with httpx.stream("POST", f"{s.base}/v1/messages", headers={"x-api-key": LOCAL_TOKEN},
                       json={**body, "stream": True}, timeout=20) as r:
         got = b""
