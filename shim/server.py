@@ -582,15 +582,9 @@ class Shim:
                 cmds.append(gate.after_cmd(call.hold_id, micro(call.cost) if call.hold_id is not None else 0, pool,
                                            progress, targs))
             self._published_at = time.time()
-            try:
-                # not urgent: waits a few ms to share a write with other calls' (a caller that calls again at
-                # once takes a ticket taken ahead, Gate.tickets_wanted)
-                replies = await self.redis.pipeline(cmds, defer=True)
-            except BaseException as e:
-                for tickets in pending:
-                    for ticket in tickets:
-                        gate.ticket_taken(ticket, e)
-                raise
+            # not urgent: waits a few ms to share a write with other calls' (a caller that calls again at once
+            # takes a ticket taken ahead, Gate.tickets_wanted)
+            replies = await self.redis.pipeline(cmds, defer=True)
             for res in replies[:n]:
                 if isinstance(res, Exception):
                     log.error("giving an expired ticket back failed: %s", res)
@@ -602,7 +596,13 @@ class Shim:
                     continue
                 for ticket, reply in zip(tickets, last, strict=True):
                     gate.ticket_taken(ticket, reply)
-        except Exception as e:  # noqa: BLE001 - holds and bookings expire by themselves; the ledger is the record
+        except BaseException as e:
+            for tickets in pending:  # none left waiting (Gate.hold waits for them): not taken
+                for ticket in tickets:
+                    gate.ticket_taken(ticket, e)  # (a no-op for one already answered)
+            if not isinstance(e, Exception):
+                raise
+            # holds and bookings expire by themselves; the ledger is the record
             log.error("settle/progress after call failed: %s", type(e).__name__)
         finally:
             self.in_flight -= len(calls)
@@ -961,7 +961,7 @@ class Shim:
         # ---- caps
         if self.stopped:
             return self._refuse(call, self.stopped)
-        if not await self._turn_left():
+        if self.cfg.limits.max_turns is not None and not await self._turn_left():
             return self._refuse(call, "max_turns_exceeded")
         self.turns += 1
         max_out = body.get("max_tokens") or body.get("max_completion_tokens")

@@ -245,6 +245,12 @@ pub fn response_framing(head: &Head, head_request: bool) -> io::Result<Framing> 
 
 /// A chunked body's decoder over a Conn: each call gives the next chunk's data, None after the last one (its
 /// trailers read and dropped). `raw`, if given, gets the bytes exactly as they were framed.
+/// A chunk-size line's size (extensions after `;` ignored), or None if it is not one.
+fn chunk_size(line: &[u8]) -> Option<usize> {
+    let line = std::str::from_utf8(line).ok()?;
+    usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16).ok()
+}
+
 /// Whether `next_chunk` would return at once: the buffer holds a whole chunk (or a bad size line, which it
 /// reports as soon). A last chunk counts when its blank line is in (trailers are rare enough to wait for).
 pub fn chunk_ready(c: &Conn) -> bool {
@@ -252,9 +258,7 @@ pub fn chunk_ready(c: &Conn) -> bool {
         Some(i) => i,
         None => return false,
     };
-    let size = match std::str::from_utf8(&c.buf[..i]).ok().and_then(|l| {
-        usize::from_str_radix(l.split(';').next().unwrap_or("").trim(), 16).ok()
-    }) {
+    let size = match chunk_size(&c.buf[..i]) {
         Some(n) => n,
         None => return true,
     };
@@ -267,9 +271,7 @@ pub fn chunk_ready(c: &Conn) -> bool {
 pub fn next_chunk(c: &mut Conn, mut raw: Option<&mut Vec<u8>>) -> io::Result<Option<Vec<u8>>> {
     loop {
         if let Some(i) = memmem::find(&c.buf, b"\r\n") {
-            let line = std::str::from_utf8(&c.buf[..i]).map_err(|_| bad("bad chunk size"))?;
-            let size = usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16)
-                .map_err(|_| bad("bad chunk size"))?;
+            let size = chunk_size(&c.buf[..i]).ok_or_else(|| bad("bad chunk size"))?;
             if size == 0 {
                 // trailers, then the blank line
                 let mut at = i + 2;
