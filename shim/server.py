@@ -656,11 +656,11 @@ class Shim:
             if self.stopped is not None or not self.ready or not self.gate.combined or not await self._turn_left():
                 return
             nbytes, max_out = int(msg["bytes"]), int(msg["max_out"])
+            need = self._estimate(nbytes, max_out)  # (the ticket's too, so priced here once)
             call_id = _new_id()
             self._asking += 1  # a turn spoken for while the round trip is out
             try:
-                which, ok, wait_ms, _, hold_id, pace = await self.gate.hold(
-                    call_id, lambda: self._estimate(nbytes, max_out), (nbytes, max_out))
+                which, ok, wait_ms, _, hold_id, pace = await self.gate.hold(call_id, lambda: need, (nbytes, max_out))
             finally:
                 self._asking -= 1
             if which:
@@ -669,7 +669,7 @@ class Shim:
             if not ok:  # too far ahead to book: waits here until it is booked (ValkeyPacer.admitted)
                 waited, wait_ms = await self.pacer.admitted(pace, ok, wait_ms), 0.0
             now = time.monotonic()
-            t = Ticket(hold_id, self._estimate(nbytes, max_out)[0], pace, (nbytes, max_out), True,
+            t = Ticket(hold_id, need[0], pace, (nbytes, max_out), True,
                        now + wait_ms / 1000, now + self.gate.ticket_ttl_s, asked=True)
             self._lent[hold_id] = t
             answer = self._ticket_msg(t, call_id, now, waited_ms=waited, **{"for": msg["id"]})
@@ -695,13 +695,8 @@ class Shim:
         dp = self.dataplane
         if self.turns + self._asking >= max_turns or not self._lent or dp is None or not dp.alive:
             return False
-        ids = list(self._lent)
-        for k in ids:
-            self._recalling[k] = self._lent.pop(k)
-        dp.send({"t": "recall", "ids": ids})
-        self._recalls_sent += 1
         fut = self._loop.create_future()
-        self._recall_waiters.append((self._recalls_sent, fut))
+        self._recall_waiters.append((self._recall(list(self._lent)), fut))
         try:
             await asyncio.wait_for(fut, 10)
         except TimeoutError:
@@ -723,15 +718,20 @@ class Shim:
             return []
         dp = self.dataplane
         if dp is not None and dp.alive and not everything:
-            for k in gone:
-                self._recalling[k] = self._lent.pop(k)
-            dp.send({"t": "recall", "ids": gone})
-            self._recalls_sent += 1
+            self._recall(gone)
             return []
         cmds: list[tuple] = []
         for k in gone:
             cmds += self.gate.give_back_cmds(self._lent.pop(k))
         return cmds
+
+    def _recall(self, ids: list[str]) -> int:
+        """Ask the data plane for these lent tickets back (it answers `recalled`, in order): the recall's number."""
+        for k in ids:
+            self._recalling[k] = self._lent.pop(k)
+        self.dataplane.send({"t": "recall", "ids": ids})
+        self._recalls_sent += 1
+        return self._recalls_sent
 
     def _recalled(self, ids: list[str]) -> None:
         """The data plane's answer to a recall (one per recall, in order): the tickets it had not used."""
