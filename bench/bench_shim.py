@@ -453,6 +453,139 @@ def cleanup(valkey_url: str, run: str) -> None:
     r.close()
 
 
+SECTIONS = ("latency", "cpu", "pacer", "process")
+# the realistic model pace of section 1 (and of section 2's informational latency run)
+PACED = SimulatorConfig(api_key=KEY, ttft_ms=300, tokens_per_s=50, rpm=0, itpm=0, otpm=0, report_timing=True)
+
+
+def bench_latency(args, run: str, compiled: str | None) -> None:
+    """1. added latency per call, against calling the simulator directly."""
+    print("1. added latency (simulator: 300 ms to first token, 50 tokens/s)")
+    with (simulator_process(PACED) as sim, shim_process(sim, args.valkey, run) as (via, proc, _),
+          relay_process(sim) as relay, ExitStack() as stack):
+        # the compiled ways join the c=1 workloads only: at c=64 their callers would load the machine more than
+        # the runs without them (and move the shim's rows)
+        more = {name: stack.enter_context(compiled_process(compiled, sim, *mode))
+                for name, mode in (("compiled", ()), ("dataplane", ("--dataplane",)))} if compiled else {}
+        if DATAPLANE == "compiled":  # the Python data plane beside it (c=1 only, as the compiled relays)
+            more["python shim"] = stack.enter_context(
+                shim_process(sim, args.valkey, run + "py", dataplane="python"))[0]
+        # c=1: 100 calls each, so that its p99 is a p99 (of 30, as until 2026-11-30, it was the slowest call: one
+        # stall of the VM in any of the three decided the row)
+        for conc, calls in ((1, 8 if args.quick else 100), (64, 2 if args.quick else 12)):
+            if conc == 1:
+                print(f"   workload c=1: one caller direct, one via the bare relay, one via the shim"
+                      f"{', one via the compiled relay, one via the compiled data plane' if compiled else ''}"
+                      f"{', one via the shim with its Python data plane' if DATAPLANE == 'compiled' else ''}, "
+                      f"taking turns in a rotating order, "
+                      f"{calls} calls each, {THINK_S * 1000:.0f} ms apart")
+            else:
+                print(f"   workload c={conc}: {conc} closed-loop callers via the shim, {conc} via the bare relay "
+                      f"and {conc} direct, running side by side, random start offsets within one call, {calls} "
+                      f"calls each (after a warm-up of {conc} calls at once each way)")
+            busy = MachineBusy()
+            res = asyncio.run(latency_closed(sim, via, relay, conc, calls, more=more if conc == 1 else None))
+            print(f"    the machine's CPUs were {busy.share():.0%} busy during this workload")
+            report_latency(res, conc)
+            print_paths(via)
+        calls = 8 if args.quick else 60
+        three = "; three more: the bare relay compiled, the pinning one compiled, the compiled data plane"
+        print(f"   workload c=1, long prompt: as c=1, with a {len(json.dumps(long_body())) // 1024} KB prompt "
+              f"naming a model alias (the shim parses it, pins the model and serialises it again), "
+              f"non-stream, {calls} calls each; a fourth caller goes via a pinning relay, which does only that"
+              f"{three if compiled else ''}")
+        # a new shim (and Python shim beside it): the c=64 workload left up to 64 tickets sized for short prompts,
+        # each of which a long prompt's call would give back and ask for itself (until 2026-11-30 every call
+        # here did: the row carried a Valkey round trip that a harness growing its prompt does not pay)
+        with (relay_process(sim, pin=BODY["model"]) as pinning,
+              shim_process(sim, args.valkey, run + "lp") as (via_lp, _, _)):
+            if compiled:
+                more["compiled scan pinning"] = stack.enter_context(
+                    compiled_process(compiled, sim, "--scan-pin", BODY["model"]))
+            if "python shim" in more:
+                more["python shim"] = stack.enter_context(
+                    shim_process(sim, args.valkey, run + "lppy", dataplane="python"))[0]
+            report_latency(asyncio.run(latency_closed(sim, via_lp, relay, 1, calls, body=long_body(),
+                                                      streams=(False,), more={"pinning": pinning, **more})),
+                           1, tag=" long prompt")
+            _seen.update(calls=0, used=0, asks=0)
+            print_paths(via_lp)
+        print("   informational, not a target: c=64 lockstep bursts (64 calls in the same millisecond, "
+              "direct and shim waves alternating)")
+        report_latency(asyncio.run(latency_lockstep(sim, via, 64, 1 if args.quick else 2)), 64, True)
+
+
+def bench_cpu(args, run: str) -> float:
+    """2. the shim's CPU per call against an instant simulator, beside a bare relay's; returns its RSS after."""
+    print("2. shim CPU per call (instant simulator; half streams; concurrency 16; ledger rows sent to a results "
+          "queue, SQS in moto's server mode, as in a task), beside a bare TCP relay's on the same calls (what "
+          "any process on the path costs on this machine: a yardstick across machines)")
+    instant = SimulatorConfig(api_key=KEY, rpm=0, itpm=0, otpm=0)
+    n = 600 if args.quick else 2000
+    with (results_queue() as (queue_url, aws_env), simulator_process(instant) as sim,
+          shim_process(sim, args.valkey, run, env_over=aws_env, results_queue_url=queue_url) as (via, proc, _),
+          relay_process(sim, with_pid=True) as (relay, relay_pid)):
+        asyncio.run(drive(via, 100, 16))  # warm up
+        asyncio.run(drive(relay, 100, 16, KEY))
+        pers, floors = [], []
+        for _ in range(5):  # the median of five rounds (one round moves by up to +-0.1 ms on a noisy VM)
+            c0, t0 = cpu_s(proc.pid), time.perf_counter()
+            asyncio.run(drive(via, n, 16))
+            used, wall = cpu_s(proc.pid) - c0, time.perf_counter() - t0
+            pers.append(used / n * 1000)
+            c0 = cpu_s(relay_pid)
+            asyncio.run(drive(relay, n, 16, KEY))
+            floors.append((cpu_s(relay_pid) - c0) / n * 1000)
+            print(f"    {n} calls in {wall:.2f} s ({n / wall:.0f}/s), shim CPU {used:.2f} s; the relay's on the "
+                  f"same calls {floors[-1] * n / 1000:.2f} s")
+        per, floor = statistics.median(pers), statistics.median(floors)
+        print(f"    bare relay CPU per call (median of 5 rounds): {floor:.3f} ms; the shim's is "
+              f"{per / floor:.1f}x it")
+        verdict("shim CPU per call (median of 5 rounds)", f"{per:.3f} ms", per <= 0.3)
+        rss = rss_mb(proc.pid)
+
+    burn = max(0.0, per - floor) * 1000
+    print(f"   informational, not a target: what CPU per call alone costs in latency here. c=64 non-stream, side "
+          f"by side: direct, via the shim, and via the bare relay spinning {burn:.0f} us of CPU after each answer "
+          f"(the shim's CPU per call less the relay's, above)")
+    with (simulator_process(PACED) as sim, shim_process(sim, args.valkey, run) as (via, proc, _),
+          relay_process(sim, burn_us=burn) as burner):
+        res = asyncio.run(latency_closed(sim, via, burner, 64, 2 if args.quick else 12, streams=(False,)))
+        d, sh, r = ([x.last for x in res[(m, False)]] for m in ("direct", "shim", "relay"))
+        print(f"  info  c=64 non-stream response, p50 over direct: via the shim {pct(sh, 50) - pct(d, 50):+.2f} "
+              f"ms, via the relay spinning {burn:.0f} us {pct(r, 50) - pct(d, 50):+.2f} ms")
+    return rss
+
+
+def bench_pacer(args, run: str) -> None:
+    """3. pacer admissions per second against a no-op EVALSHA."""
+    print("3. pacer admissions/s vs no-op EVALSHA (same Valkey, same client, 64 concurrent)")
+    p, noop = asyncio.run(pacer_rate(args.valkey, f"{run}-pool", 1.0 if args.quick else 2.0))
+    verdict("pacer admissions / no-op EVALSHA", f"{p:.0f}/s vs {noop:.0f}/s = {p / noop:.2f}", p / noop >= 0.5)
+
+
+def bench_process(args, run: str, rss: float | None) -> None:
+    """4. the shim process: RSS (after the CPU run, if it ran) and time to ready."""
+    print("4. the shim process")
+    readies = []
+    for _ in range(3):
+        with shim_process("http://127.0.0.1:9", args.valkey, run) as (_, proc, ready):
+            readies.append(ready)
+    if rss is not None:
+        verdict("RSS after the CPU run", f"{rss:.1f} MB", rss <= 50)
+    # in a task the shim always has a results queue: its SQS sender (shim/sqs.py) is loaded and has its
+    # credentials (from the environment here) once it is ready
+    with shim_process("http://127.0.0.1:9", args.valkey, run,
+                      results_queue_url="http://127.0.0.1:9/000000000000/bench-never",
+                      env_over={"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+                                "AWS_REGION": "us-east-1"}) as (_, proc, _):
+        time.sleep(3)
+        rss_q = rss_mb(proc.pid)
+    verdict("RSS with a results queue configured (SQS client loaded, idle)", f"{rss_q:.1f} MB", rss_q <= 50)
+    verdict("exec to ready-to-serve (median of 3)", f"{statistics.median(readies) * 1000:.0f} ms",
+            statistics.median(readies) <= 0.5)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--valkey", default=os.environ.get("VALKEY_URL", "redis://127.0.0.1:6379/0"))
@@ -461,6 +594,8 @@ def main() -> int:
                     help="run the relays compiled too (bench/compiled_relay), beside the Python ones")
     ap.add_argument("--dataplane", choices=("compiled", "python"), default="compiled",
                     help="the shim's data plane (ShimConfig.dataplane; compiled: built first if needed)")
+    ap.add_argument("--only", nargs="+", choices=SECTIONS, default=SECTIONS, metavar="SECTION",
+                    help=f"run only these sections (of {', '.join(SECTIONS)}); all by default")
     args = ap.parse_args()
     global DATAPLANE
     DATAPLANE = args.dataplane
@@ -474,121 +609,13 @@ def main() -> int:
     print(f"bench_shim: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}, python {sys.version.split()[0]}, "
           f"the shim's data plane: {DATAPLANE} (its CPU and RSS: the shim's process and its child summed)")
     try:
-        print("1. added latency (simulator: 300 ms to first token, 50 tokens/s)")
-        paced = SimulatorConfig(api_key=KEY, ttft_ms=300, tokens_per_s=50, rpm=0, itpm=0, otpm=0,
-                                 report_timing=True)
-        with (simulator_process(paced) as sim, shim_process(sim, args.valkey, run) as (via, proc, _),
-              relay_process(sim) as relay, ExitStack() as stack):
-            # the compiled ways join the c=1 workloads only: at c=64 their callers would load the machine more than
-            # the runs without them (and move the shim's rows)
-            more = {name: stack.enter_context(compiled_process(compiled, sim, *mode))
-                    for name, mode in (("compiled", ()), ("dataplane", ("--dataplane",)))} if compiled else {}
-            if DATAPLANE == "compiled":  # the Python data plane beside it (c=1 only, as the compiled relays)
-                more["python shim"] = stack.enter_context(
-                    shim_process(sim, args.valkey, run + "py", dataplane="python"))[0]
-            # c=1: 100 calls each, so that its p99 is a p99 (of 30, as until 2026-11-30, it was the slowest call: one
-            # stall of the VM in any of the three decided the row)
-            for conc, calls in ((1, 8 if args.quick else 100), (64, 2 if args.quick else 12)):
-                if conc == 1:
-                    print(f"   workload c=1: one caller direct, one via the bare relay, one via the shim"
-                          f"{', one via the compiled relay, one via the compiled data plane' if compiled else ''}"
-                          f"{', one via the shim with its Python data plane' if DATAPLANE == 'compiled' else ''}, "
-                          f"taking turns in a rotating order, "
-                          f"{calls} calls each, {THINK_S * 1000:.0f} ms apart")
-                else:
-                    print(f"   workload c={conc}: {conc} closed-loop callers via the shim, {conc} via the bare relay "
-                          f"and {conc} direct, running side by side, random start offsets within one call, {calls} "
-                          f"calls each (after a warm-up of {conc} calls at once each way)")
-                busy = MachineBusy()
-                res = asyncio.run(latency_closed(sim, via, relay, conc, calls, more=more if conc == 1 else None))
-                print(f"    the machine's CPUs were {busy.share():.0%} busy during this workload")
-                report_latency(res, conc)
-                print_paths(via)
-            calls = 8 if args.quick else 60
-            three = "; three more: the bare relay compiled, the pinning one compiled, the compiled data plane"
-            print(f"   workload c=1, long prompt: as c=1, with a {len(json.dumps(long_body())) // 1024} KB prompt "
-                  f"naming a model alias (the shim parses it, pins the model and serialises it again), "
-                  f"non-stream, {calls} calls each; a fourth caller goes via a pinning relay, which does only that"
-                  f"{three if compiled else ''}")
-            # a new shim (and Python shim beside it): the c=64 workload left up to 64 tickets sized for short prompts,
-            # each of which a long prompt's call would give back and ask for itself (until 2026-11-30 every call
-            # here did: the row carried a Valkey round trip that a harness growing its prompt does not pay)
-            with (relay_process(sim, pin=BODY["model"]) as pinning,
-                  shim_process(sim, args.valkey, run + "lp") as (via_lp, _, _)):
-                if compiled:
-                    more["compiled scan pinning"] = stack.enter_context(
-                        compiled_process(compiled, sim, "--scan-pin", BODY["model"]))
-                if "python shim" in more:
-                    more["python shim"] = stack.enter_context(
-                        shim_process(sim, args.valkey, run + "lppy", dataplane="python"))[0]
-                report_latency(asyncio.run(latency_closed(sim, via_lp, relay, 1, calls, body=long_body(),
-                                                          streams=(False,), more={"pinning": pinning, **more})),
-                               1, tag=" long prompt")
-                _seen.update(calls=0, used=0, asks=0)
-                print_paths(via_lp)
-            print("   informational, not a target: c=64 lockstep bursts (64 calls in the same millisecond, "
-                  "direct and shim waves alternating)")
-            report_latency(asyncio.run(latency_lockstep(sim, via, 64, 1 if args.quick else 2)), 64, True)
-
-        print("2. shim CPU per call (instant simulator; half streams; concurrency 16; ledger rows sent to a results "
-              "queue, SQS in moto's server mode, as in a task), beside a bare TCP relay's on the same calls (what "
-              "any process on the path costs on this machine: a yardstick across machines)")
-        instant = SimulatorConfig(api_key=KEY, rpm=0, itpm=0, otpm=0)
-        n = 600 if args.quick else 2000
-        with (results_queue() as (queue_url, aws_env), simulator_process(instant) as sim,
-              shim_process(sim, args.valkey, run, env_over=aws_env, results_queue_url=queue_url) as (via, proc, _),
-              relay_process(sim, with_pid=True) as (relay, relay_pid)):
-            asyncio.run(drive(via, 100, 16))  # warm up
-            asyncio.run(drive(relay, 100, 16, KEY))
-            pers, floors = [], []
-            for _ in range(5):  # the median of five rounds (one round moves by up to +-0.1 ms on a noisy VM)
-                c0, t0 = cpu_s(proc.pid), time.perf_counter()
-                asyncio.run(drive(via, n, 16))
-                used, wall = cpu_s(proc.pid) - c0, time.perf_counter() - t0
-                pers.append(used / n * 1000)
-                c0 = cpu_s(relay_pid)
-                asyncio.run(drive(relay, n, 16, KEY))
-                floors.append((cpu_s(relay_pid) - c0) / n * 1000)
-                print(f"    {n} calls in {wall:.2f} s ({n / wall:.0f}/s), shim CPU {used:.2f} s; the relay's on the "
-                      f"same calls {floors[-1] * n / 1000:.2f} s")
-            per, floor = statistics.median(pers), statistics.median(floors)
-            print(f"    bare relay CPU per call (median of 5 rounds): {floor:.3f} ms; the shim's is "
-                  f"{per / floor:.1f}x it")
-            verdict("shim CPU per call (median of 5 rounds)", f"{per:.3f} ms", per <= 0.3)
-            rss = rss_mb(proc.pid)
-
-        burn = max(0.0, per - floor) * 1000
-        print(f"   informational, not a target: what CPU per call alone costs in latency here. c=64 non-stream, side "
-              f"by side: direct, via the shim, and via the bare relay spinning {burn:.0f} us of CPU after each answer "
-              f"(the shim's CPU per call less the relay's, above)")
-        with (simulator_process(paced) as sim, shim_process(sim, args.valkey, run) as (via, proc, _),
-              relay_process(sim, burn_us=burn) as burner):
-            res = asyncio.run(latency_closed(sim, via, burner, 64, 2 if args.quick else 12, streams=(False,)))
-            d, sh, r = ([x.last for x in res[(m, False)]] for m in ("direct", "shim", "relay"))
-            print(f"  info  c=64 non-stream response, p50 over direct: via the shim {pct(sh, 50) - pct(d, 50):+.2f} "
-                  f"ms, via the relay spinning {burn:.0f} us {pct(r, 50) - pct(d, 50):+.2f} ms")
-
-        print("3. pacer admissions/s vs no-op EVALSHA (same Valkey, same client, 64 concurrent)")
-        p, noop = asyncio.run(pacer_rate(args.valkey, f"{run}-pool", 1.0 if args.quick else 2.0))
-        verdict("pacer admissions / no-op EVALSHA", f"{p:.0f}/s vs {noop:.0f}/s = {p / noop:.2f}", p / noop >= 0.5)
-
-        print("4. the shim process")
-        readies = []
-        for _ in range(3):
-            with shim_process("http://127.0.0.1:9", args.valkey, run) as (_, proc, ready):
-                readies.append(ready)
-        verdict("RSS after the CPU run", f"{rss:.1f} MB", rss <= 50)
-        # in a task the shim always has a results queue: its SQS sender (shim/sqs.py) is loaded and has its
-        # credentials (from the environment here) once it is ready
-        with shim_process("http://127.0.0.1:9", args.valkey, run,
-                          results_queue_url="http://127.0.0.1:9/000000000000/bench-never",
-                          env_over={"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
-                                    "AWS_REGION": "us-east-1"}) as (_, proc, _):
-            time.sleep(3)
-            rss_q = rss_mb(proc.pid)
-        verdict("RSS with a results queue configured (SQS client loaded, idle)", f"{rss_q:.1f} MB", rss_q <= 50)
-        verdict("exec to ready-to-serve (median of 3)", f"{statistics.median(readies) * 1000:.0f} ms",
-                statistics.median(readies) <= 0.5)
+        if "latency" in args.only:
+            bench_latency(args, run, compiled)
+        rss = bench_cpu(args, run) if "cpu" in args.only else None
+        if "pacer" in args.only:
+            bench_pacer(args, run)
+        if "process" in args.only:
+            bench_process(args, run, rss)
     finally:
         cleanup(args.valkey, run)
     missed = [n for n, _, ok in RESULTS if not ok]

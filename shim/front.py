@@ -129,10 +129,11 @@ class DataPlane:
             "max_body_bytes": cfg.max_body_bytes, "read_timeout_s": cfg.sock_read_timeout_s,
             "connect_timeout_s": cfg.connect_timeout_s, "max_stream_buffer_bytes": cfg.max_stream_buffer_bytes,
             "default_max_out": default_max_out, "shutdown_timeout_s": cfg.shutdown_timeout_s,
-            # its `end` lines wait this long, and go together (after the call's answer, as _finish_soon); at most
-            # 5 ms: the wait for a lone call's bookkeeping is this process's (_finish_soon), which a call that
-            # starts meanwhile cuts short, and the data plane's calls on lent tickets start without telling it
-            "batch_s": min(cfg.finish_delay_s, 0.005),
+            # its `end` lines wait, and go together (after the call's answer, as _finish_soon): a lone call's
+            # finish_delay_s, at most 5 ms (the wait for its bookkeeping is this process's, which a call that starts
+            # meanwhile cuts short, and the data plane's calls on lent tickets start without telling it); while
+            # calls overlap, end_batch_s
+            "batch_s": min(cfg.finish_delay_s, 0.005), "batch_long_s": cfg.end_batch_s,
         })
         try:
             self.port = await asyncio.wait_for(asyncio.shield(self._ready), 10)

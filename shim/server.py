@@ -17,7 +17,7 @@ from contract import pricing
 from shim.caps import ATTEMPT_CAP, Budget, LocalBudget, ValkeyBudget, micro
 from shim.config import ShimConfig
 from shim.front import DataPlane
-from shim.gate import Gate, Ticket
+from shim.gate import Demand, Gate, Ticket
 from shim.http import (
     Headers,
     Request,
@@ -207,6 +207,7 @@ class Shim:
         self._lent: dict[str, Ticket] = {}
         self._recalling: dict[str, Ticket] = {}  # lent tickets past their time, asked back
         self._dp_in_flight = 0  # the data plane's calls in flight, as of its last `end`
+        self._dp_demand = Demand()  # how many of its calls the tickets should cover
         self.dataplane_calls = self.dataplane_asks = 0
         self._after_calls: list[Call] = []  # finished, their bookkeeping to come (_after_batch)
         self._asking = 0  # tickets being made for the data plane's asks (Shim._ask)
@@ -563,7 +564,8 @@ class Shim:
                 # lent tickets not in a call yet: each of the data plane's calls in flight holds one of self._lent;
                 # the calls before this one here are done
                 spare = max(0, len(self._lent) - self._dp_in_flight)
-                wanted = (gate.tickets_wanted(self.in_flight - k + self._dp_in_flight, spare)
+                in_flight = self._dp_demand.calls(self.in_flight - k + self._dp_in_flight)
+                wanted = (gate.tickets_wanted(in_flight, spare)
                           if call.hold_id is not None and taking else 0)
                 tickets, targs = [], []
                 if wanted:
@@ -647,6 +649,7 @@ class Shim:
         a cap refuses it, or the shim is stopping)."""
         answer: dict[str, Any] = {"t": "no", "for": msg["id"]}
         self.dataplane_asks += 1
+        self._dp_demand.asked()
         try:
             back = msg.get("back")
             if back:
@@ -807,13 +810,14 @@ class Shim:
         call, pace = self._fast_call(msg["call"])
         self.dataplane_calls += 1
         self._dp_in_flight = msg["in_flight"]
+        now = time.monotonic()
+        self._dp_demand.ended(self._dp_in_flight, now)
         call.pacer_wait_ms += msg["pacer_wait_ms"]
         limits = msg.get("limits")
         if limits:
             found = self.progress.discovered(Headers([tuple(kv) for kv in limits]), force=True)
             if found:
                 self._spawn(self.progress.record(found))
-        now = time.monotonic()
         if now - self._discover_asked >= DISCOVERY_EVERY_S:
             self._discover_asked = now
             self.dataplane.send({"t": "discover"})

@@ -14,7 +14,7 @@ from shimtest import LOCAL_TOKEN
 from contract import keys
 from contract.models import AttemptRef
 from shim.caps import ValkeyBudget
-from shim.gate import Gate, Ticket
+from shim.gate import Demand, Gate, Ticket
 from shim.kv import KV
 from shim.pacer import PaceRequest, ValkeyPacer
 
@@ -142,6 +142,32 @@ def test_tickets_run_ahead_while_calls_overlap_and_one_for_one_call_at_a_time():
     assert Gate(ValkeyBudget(kv, ref, 1.0, 10.0, 60), ValkeyPacer(kv, "p"), ticket_ttl_s=0).tickets_wanted(3) == 0
 
 
+def test_the_data_planes_demand_counts_its_peak_and_its_asks_while_calls_overlap():
+    """Demand (the calls the compiled data plane's tickets cover): a harness making one call at a time is one call
+    whatever it asks; overlapping calls count at their peak over the window, plus one per ask lately, halved each
+    window and dropped once calls stop overlapping."""
+    lone = Demand(window_s=1.0)
+    for i in range(20):  # every call asks (its ticket expired while the harness worked): still one
+        lone.asked()
+        lone.ended(0, now=i * 0.3)
+        assert lone.calls(1) == 1
+    d = Demand(window_s=1.0)
+    d.ended(5, now=0.0)
+    d.ended(2, now=0.1)
+    assert d.calls(3) == 6  # the peak (5 others and the one ending), not the calls in flight now
+    assert d.calls(9) == 9
+    for _ in range(4):
+        d.asked()
+    assert d.calls(3) == 10  # four short lately
+    for _ in range(10):
+        d.asked()
+    assert d.calls(3) == 12  # at most twice the peak
+    d.ended(1, now=1.05)  # a new window: the peak starts again, the asks count half
+    assert d.calls(1) == 2 + 2  # (14 short, capped at 64, halved to 7; counted up to the peak)
+    d.ended(0, now=2.1)  # calls no longer overlap: no asks counted
+    assert d.calls(1) == 1
+
+
 def test_a_call_no_larger_than_its_ticket_is_covered_without_pricing_it():
     """Gate.hold asks for the call's worst case (need()) only when the ticket's size does not settle it: a call
     with no more request bytes and max output than the ticket was sized for is covered as it is; a call larger
@@ -177,14 +203,15 @@ def test_a_call_no_larger_than_its_ticket_is_covered_without_pricing_it():
 
 def test_overlapping_calls_leave_nothing_held(sim, shim, valkey, unique):
     """Four callers at once, three calls each, back to back (spare tickets are asked for): every call is
-    answered, at most one ticket beyond the calls goes unused, and shutdown gives every ticket back."""
+    answered, at most twice as many tickets as callers go unused (Demand: the peak of calls in flight, and as
+    many again for the calls that had to ask), and shutdown gives every ticket back."""
     s = shim(sim(ttft_ms=50), limits={"cost_usd": 5.0}, run_cost_usd=50.0)
     with ThreadPoolExecutor(4) as ex:
         codes = list(ex.map(lambda _: [_post(s).status_code for _ in range(3)], range(4)))
     assert codes == [[200] * 3] * 4
     time.sleep(0.2)
     st = s.status()["tickets"]
-    assert st["used"] >= 6 and st["taken"] - st["used"] - st["returned"] <= 4 + 1
+    assert st["used"] >= 6 and st["taken"] - st["used"] - st["returned"] <= 2 * 4
     assert s.stop() == 0
     ref = AttemptRef(run=unique, instance_id="repo__repo-1", attempt=1)
     for key in (keys.attempt_budget(ref), keys.run_budget(unique)):

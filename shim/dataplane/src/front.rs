@@ -102,12 +102,14 @@ impl Ticket {
     }
 }
 
-/// The messages for the control plane, written by `run` on a thread of its own: a write waits `batch` after the
-/// first message it carries and takes all that came meanwhile, unless a message is urgent (it goes at once, with
-/// those before it). Why the wait: a call's `end` wakes the Python shim, and on a task's one or two vCPUs that was
-/// just when the harness, woken by the answer, wanted the CPU (shim/server.py waits likewise before a call's
-/// bookkeeping); and while calls overlap, several calls' messages cost the Python shim one wake-up. A message
-/// that comes while a write waits does not wake the writer.
+/// The messages for the control plane, written by `run` on a thread of its own: a write waits after the first
+/// message it carries and takes all that came meanwhile, unless a message is urgent (it goes at once, with those
+/// before it). Why the wait: a call's `end` wakes the Python shim, and on a task's one or two vCPUs that was just
+/// when the harness, woken by the answer, wanted the CPU (shim/server.py waits likewise before a call's
+/// bookkeeping); and while calls overlap, several calls' messages cost the Python shim one wake-up. How long:
+/// `batch` if a message is `short` (a lone call's: the Python shim's own wait, finish_delay_s, is the one that
+/// counts), else `batch_long` (calls overlap: ShimConfig.end_batch_s). A message that comes while a write waits
+/// does not wake the writer (unless it shortens the wait).
 pub struct Outbox {
     state: Mutex<Pending>,
     cv: Condvar,
@@ -116,22 +118,25 @@ pub struct Outbox {
 struct Pending {
     buf: Vec<u8>,
     urgent: bool,
+    short: bool,
     closed: bool,
 }
 
 impl Outbox {
     pub fn new() -> Outbox {
-        Outbox { state: Mutex::new(Pending { buf: Vec::new(), urgent: false, closed: false }), cv: Condvar::new() }
+        let p = Pending { buf: Vec::new(), urgent: false, short: false, closed: false };
+        Outbox { state: Mutex::new(p), cv: Condvar::new() }
     }
 
-    pub fn push(&self, line: &[u8], urgent: bool) {
+    pub fn push(&self, line: &[u8], urgent: bool, short: bool) {
         let mut p = self.state.lock().unwrap();
         if p.closed {
             return;
         }
-        let wake = p.buf.is_empty() || (urgent && !p.urgent);
+        let wake = p.buf.is_empty() || (urgent && !p.urgent) || (short && !p.short);
         p.buf.extend_from_slice(line);
         p.urgent |= urgent;
+        p.short |= short;
         drop(p);
         if wake {
             self.cv.notify_one();
@@ -144,7 +149,7 @@ impl Outbox {
         self.cv.notify_one();
     }
 
-    pub fn run(&self, mut out: UnixStream, batch: Duration) {
+    pub fn run(&self, mut out: UnixStream, batch: Duration, batch_long: Duration) {
         let mut p = self.state.lock().unwrap();
         loop {
             while p.buf.is_empty() && !p.closed {
@@ -153,8 +158,9 @@ impl Outbox {
             if p.buf.is_empty() {
                 return; // closed, all written
             }
-            let deadline = Instant::now() + batch;
+            let first = Instant::now();
             while !p.urgent && !p.closed {
+                let deadline = first + if p.short { batch } else { batch_long };
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     break;
@@ -163,6 +169,7 @@ impl Outbox {
             }
             let buf = std::mem::take(&mut p.buf);
             p.urgent = false;
+            p.short = false;
             drop(p);
             if out.write_all(&buf).is_err() {
                 self.close();
@@ -186,7 +193,12 @@ pub struct Front {
     ups: Mutex<HashMap<thread::ThreadId, TcpStream>>, // each connection thread's upstream socket (for `cut`)
     pub in_flight: AtomicUsize,
     discover: AtomicBool,
+    started: Instant,
+    overlap_ms: AtomicU64, // when a call last began beside another (ms after `started`, plus one; 0: never)
 }
+
+/// Calls that overlapped within this long count as overlapping: their `end` lines wait the longer batch.
+const OVERLAP_MS: u64 = 1000;
 
 /// A ticket is not used in its last second: the control plane gives it back when its time is up.
 const TICKET_MARGIN: Duration = Duration::from_secs(1);
@@ -220,6 +232,69 @@ fn error_name(e: &io::Error) -> String {
 
 fn now_s() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// A line of JSON for the control plane, written as it goes: a call's `end` lines, without building a map of
+/// values first (that was a fifth of this process's user time in `perf`: allocations, map inserts, formatting).
+struct Line(Vec<u8>);
+
+impl Line {
+    fn new() -> Line {
+        let mut b = Vec::with_capacity(512);
+        b.push(b'{');
+        Line(b)
+    }
+
+    fn key(&mut self, k: &str) -> &mut Vec<u8> {
+        if self.0.len() > 1 {
+            self.0.push(b',');
+        }
+        self.0.push(b'"');
+        self.0.extend_from_slice(k.as_bytes()); // keys are this file's own: nothing to escape
+        self.0.extend_from_slice(b"\":");
+        &mut self.0
+    }
+
+    fn str(mut self, k: &str, v: &str) -> Line {
+        let _ = serde_json::to_writer(self.key(k), v);
+        self
+    }
+
+    fn opt_str(mut self, k: &str, v: Option<&str>) -> Line {
+        let _ = serde_json::to_writer(self.key(k), &v);
+        self
+    }
+
+    fn f64(mut self, k: &str, v: f64) -> Line {
+        let _ = serde_json::to_writer(self.key(k), &v);
+        self
+    }
+
+    fn u64(mut self, k: &str, v: u64) -> Line {
+        let _ = serde_json::to_writer(self.key(k), &v);
+        self
+    }
+
+    fn bool(mut self, k: &str, v: bool) -> Line {
+        self.key(k).extend_from_slice(if v { b"true" } else { b"false" });
+        self
+    }
+
+    fn value(mut self, k: &str, v: &Value) -> Line {
+        let _ = serde_json::to_writer(self.key(k), v);
+        self
+    }
+
+    /// `v`: JSON already written (another Line's `done`, less its newline)
+    fn raw(mut self, k: &str, v: &[u8]) -> Line {
+        self.key(k).extend_from_slice(v);
+        self
+    }
+
+    fn done(mut self) -> Vec<u8> {
+        self.0.push(b'}');
+        self.0
+    }
 }
 
 fn meter_json(m: &Meter) -> Value {
@@ -262,23 +337,43 @@ impl Front {
             ups: Mutex::new(HashMap::new()),
             in_flight: AtomicUsize::new(0),
             discover: AtomicBool::new(true),
+            started: Instant::now(),
+            overlap_ms: AtomicU64::new(0),
         }
     }
 
-    /// One message to the control plane, as a line of JSON (batched: Outbox).
-    pub fn send(&self, msg: &Value) {
-        self.post(msg, false)
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64 + 1
+    }
+
+    /// A call's `end` line (batched: Outbox; the longer wait while calls overlap).
+    fn send_end(&self, line: Line) {
+        let at = self.overlap_ms.load(Ordering::Relaxed);
+        let lone = at == 0 || self.now_ms().saturating_sub(at) > OVERLAP_MS;
+        let mut line = line.done();
+        line.push(b'\n');
+        self.control.push(&line, false, lone);
+    }
+
+    /// The start of a call's `end` line: what the control plane is told of the call, and when it ended.
+    fn end_line(&self, call: &[u8], t0: Instant, waited: f64) -> Line {
+        Line::new().str("t", "end").raw("call", call).f64("latency_ms", t0.elapsed().as_secs_f64() * 1000.0)
+            .f64("pacer_wait_ms", waited)
+    }
+
+    fn others_in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed) as u64 - 1
     }
 
     /// One message to the control plane that goes at once, with those waiting before it.
     pub fn send_now(&self, msg: &Value) {
-        self.post(msg, true)
+        self.post(msg, true, true)
     }
 
-    fn post(&self, msg: &Value, urgent: bool) {
+    fn post(&self, msg: &Value, urgent: bool, short: bool) {
         let mut line = msg.to_string().into_bytes();
         line.push(b'\n');
-        self.control.push(&line, urgent);
+        self.control.push(&line, urgent, short);
     }
 
     /// No more messages: the writer ends once it has written what it has.
@@ -418,7 +513,9 @@ impl Front {
             let t0 = Instant::now();
             let result = match self.fast(&head, &raw[n..]) {
                 Some((kind, payload, ticket, max_out, stream)) => {
-                    self.in_flight.fetch_add(1, Ordering::SeqCst);
+                    if self.in_flight.fetch_add(1, Ordering::SeqCst) > 0 {
+                        self.overlap_ms.store(self.now_ms(), Ordering::Relaxed);
+                    }
                     let r =
                         self.call(&mut down, &mut up, &mut py, &head, kind, payload, ticket, max_out, stream, t0);
                     self.in_flight.fetch_sub(1, Ordering::SeqCst);
@@ -590,9 +687,9 @@ impl Front {
         t0: Instant,
     ) -> io::Result<bool> {
         // what the control plane is told of the call with its outcome (`end`, or a resume)
-        let call = json!({"call": ticket.call, "ticket": ticket.id, "route": head.first[1],
-                          "kind": if matches!(kind, Route::Messages) {"messages"} else {"chat"},
-                          "stream": stream, "bytes": payload.len(), "max_out": max_out, "started_at": now_s()});
+        let call = Line::new().str("call", &ticket.call).str("ticket", &ticket.id).str("route", &head.first[1])
+            .str("kind", if matches!(kind, Route::Messages) { "messages" } else { "chat" }).bool("stream", stream)
+            .u64("bytes", payload.len() as u64).u64("max_out", max_out).f64("started_at", now_s()).done();
         let now = Instant::now();
         if ticket.start_at > now {
             thread::sleep(ticket.start_at - now); // the pool's booked slot
@@ -637,15 +734,13 @@ impl Front {
                             out.extend_from_slice(format!("Content-Length: {}\r\n\r\n", body.len()).as_bytes());
                             out.extend_from_slice(&body);
                             let answered = down.write(&out).is_ok();
-                            let latency = t0.elapsed().as_secs_f64() * 1000.0;
                             let usage = scan::members(&body).and_then(|m| {
                                 m.iter().rev().find(|m| m.name == "usage").map(|m| {
                                     String::from_utf8_lossy(&body[m.value.clone()]).into_owned()
                                 })
                             });
-                            self.send(&json!({"t": "end", "call": call, "latency_ms": latency,
-                                              "pacer_wait_ms": waited, "usage": usage, "limits": limits,
-                                              "in_flight": self.in_flight.load(Ordering::Relaxed) - 1}));
+                            self.send_end(self.end_line(&call, t0, waited).opt_str("usage", usage.as_deref())
+                                .value("limits", &limits).u64("in_flight", self.others_in_flight()));
                             return Ok(answered);
                         }
                     }
@@ -681,11 +776,9 @@ impl Front {
                                 tail.extend_from_slice(b"0\r\n\r\n");
                                 harness_ok = down.write(&tail).is_ok();
                             }
-                            let latency = t0.elapsed().as_secs_f64() * 1000.0;
-                            self.send(&json!({"t": "end", "call": call, "latency_ms": latency,
-                                              "pacer_wait_ms": waited, "meter": meter_json(&meter),
-                                              "outcome": outcome, "failure": failure, "limits": limits,
-                                              "in_flight": self.in_flight.load(Ordering::Relaxed) - 1}));
+                            self.send_end(self.end_line(&call, t0, waited).value("meter", &meter_json(&meter))
+                                .str("outcome", &outcome).opt_str("failure", failure.as_deref())
+                                .value("limits", &limits).u64("in_flight", self.others_in_flight()));
                             return Ok(harness_ok);
                         }
                     }
@@ -697,10 +790,8 @@ impl Front {
                 Failed::StreamEarly { meter, .. } | Failed::StreamError { meter } => meter_json(meter),
                 _ => Value::Null,
             };
-            let latency = t0.elapsed().as_secs_f64() * 1000.0;
-            self.send(&json!({"t": "end", "call": call, "latency_ms": latency, "pacer_wait_ms": waited,
-                              "cancelled": true, "meter": meter,
-                              "in_flight": self.in_flight.load(Ordering::Relaxed) - 1}));
+            self.send_end(self.end_line(&call, t0, waited).bool("cancelled", true).value("meter", &meter)
+                .u64("in_flight", self.others_in_flight()));
             return Ok(false);
         }
         let head_sent = stream && matches!(failed, Failed::StreamEarly { .. } | Failed::StreamError { .. });
@@ -845,7 +936,7 @@ impl Front {
         py: &mut Option<Conn>,
         head: &Head,
         payload: &[u8],
-        call: &Value,
+        call: &[u8],
         waited: f64,
         head_sent: bool,
         failed: Failed,
@@ -862,6 +953,7 @@ impl Front {
             }
             Failed::StreamError { meter } => json!({"how": "stream_error", "meter": meter_json(&meter)}),
         };
+        let call: Value = serde_json::from_slice(call).unwrap_or(Value::Null);
         let info = json!({"secret": self.cfg.secret, "call": call, "pacer_wait_ms": waited, "head_sent": head_sent,
                           "attempt": attempt});
         let mut rhead = format!("{} {} {}\r\n", head.first[0], head.first[1], head.first[2]).into_bytes();
@@ -1027,5 +1119,42 @@ mod tests {
         assert_eq!(max_out_of(Some(b"true"), None, 7), 1);
         assert_eq!(max_out_of(Some(b"-3"), None, 7), 7);
         assert_eq!(max_out_of(None, None, 7), 7);
+    }
+
+    #[test]
+    fn a_line_is_the_json_a_map_would_have_made() {
+        let call = Line::new().str("call", "c\"1\\\n").bool("stream", true).u64("bytes", 12).done();
+        let line = Line::new().str("t", "end").raw("call", &call).f64("latency_ms", 1.25).opt_str("usage", None)
+            .opt_str("failure", Some("cut \u{1}")).value("limits", &Value::Null).done();
+        let got: Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(got, json!({"t": "end", "call": {"call": "c\"1\\\n", "stream": true, "bytes": 12},
+                               "latency_ms": 1.25, "usage": null, "failure": "cut \u{1}", "limits": null}));
+    }
+
+    #[test]
+    fn an_outbox_waits_the_long_batch_unless_a_line_is_short_or_urgent() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        theirs.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let outbox = Arc::new(Outbox::new());
+        let o = Arc::clone(&outbox);
+        let writer = thread::spawn(move || o.run(ours, Duration::from_millis(1), Duration::from_secs(60)));
+        let mut lines = std::io::BufReader::new(theirs);
+        let mut got = String::new();
+        outbox.push(b"long\n", false, false); // would wait a minute alone
+        thread::sleep(Duration::from_millis(50));
+        outbox.push(b"short\n", false, true); // a lone call's: the wait is the short one again
+        let t = Instant::now();
+        std::io::BufRead::read_line(&mut lines, &mut got).unwrap();
+        std::io::BufRead::read_line(&mut lines, &mut got).unwrap();
+        assert_eq!(got, "long\nshort\n");
+        assert!(t.elapsed() < Duration::from_secs(5));
+        outbox.push(b"long\n", false, false);
+        outbox.push(b"ask\n", true, true);
+        got.clear();
+        std::io::BufRead::read_line(&mut lines, &mut got).unwrap();
+        std::io::BufRead::read_line(&mut lines, &mut got).unwrap();
+        assert_eq!(got, "long\nask\n");
+        outbox.close();
+        writer.join().unwrap();
     }
 }

@@ -46,10 +46,12 @@ fn main() {
     let shutdown = Duration::from_secs_f64(v.get("shutdown_timeout_s").and_then(|s| s.as_f64()).unwrap_or(5.0));
     let listener = TcpListener::bind((host.as_str(), port)).unwrap_or_else(|e| fail(&format!("cannot listen: {e}")));
     let addr = listener.local_addr().unwrap_or_else(|e| fail(&format!("no local address: {e}")));
-    let batch = Duration::from_secs_f64(v.get("batch_s").and_then(|s| s.as_f64()).unwrap_or(0.0).max(0.0));
+    let secs = |k: &str, or: f64| Duration::from_secs_f64(v.get(k).and_then(|s| s.as_f64()).unwrap_or(or).max(0.0));
+    let batch = secs("batch_s", 0.0);
+    let batch_long = secs("batch_long_s", batch.as_secs_f64());
     let outbox = Arc::new(front::Outbox::new());
     let out = Arc::clone(&outbox);
-    let writer = thread::spawn(move || out.run(control, batch));
+    let writer = thread::spawn(move || out.run(control, batch, batch_long));
     let front = Arc::new(front::Front::new(cfg, outbox));
     front.send_now(&serde_json::json!({"t": "ready", "port": addr.port()}));
 
