@@ -310,8 +310,8 @@ class Demand:
     call spends most of its time in the harness, and 20-30% of calls found no ticket and asked for one. So: the
     most calls in flight at once over the last window (about a second), and, while calls overlap, one more for
     each call that had to ask lately (each ask: the stock was one short), halved each window, up to the peak again
-    (so at most twice the peak). A harness making one call at a time still holds one ticket at most. Measured side by side at c=16 (docs/shim.md): asks 16-33%
-    of calls before, 3% after."""
+    (so at most twice the peak). A harness making one call at a time still holds one ticket at most. Measured
+    side by side at c=16 (docs/shim.md): asks 16-33% of calls before, 3% after."""
 
     __slots__ = ("at", "peak", "short", "window_s")
 

@@ -212,7 +212,8 @@ def test_overlapping_calls_leave_nothing_held(sim, shim, valkey, unique):
     time.sleep(0.2)
     st = s.status()["tickets"]
     # (calls after a caller's first mostly go on tickets; how many depends on timing: on a slow VM, with the
-    # Python data plane, 5 of the 8 did once. That calls go on tickets: test_calls_after_the_first_go_on_tickets_and_nothing_is_left_held)
+    # Python data plane, 5 of the 8 did once. That calls go on tickets:
+    # test_calls_after_the_first_go_on_tickets_and_nothing_is_left_held)
     assert st["used"] >= 4 and st["taken"] - st["used"] - st["returned"] <= 2 * 4
     assert s.stop() == 0
     ref = AttemptRef(run=unique, instance_id="repo__repo-1", attempt=1)
