@@ -6,6 +6,7 @@ STATE="${EVALPLANE_STATE_DIR:-$PWD/.state}"
 _need_apt=()
 command -v cargo >/dev/null || _need_apt+=(cargo)
 ls -d /usr/share/cargo/registry/serde_json-1.* >/dev/null 2>&1 || _need_apt+=(librust-serde-json-dev)
+ls -d /usr/share/cargo/registry/serde-1.* >/dev/null 2>&1 || _need_apt+=(librust-serde-dev)
 ls -d /usr/share/cargo/registry/memchr-2.* >/dev/null 2>&1 || _need_apt+=(librust-memchr-dev)
 ls -d /usr/share/cargo/registry/libc-0.2.* >/dev/null 2>&1 || _need_apt+=(librust-libc-dev)
 if [ ${#_need_apt[@]} -gt 0 ]; then

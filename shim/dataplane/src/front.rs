@@ -27,6 +27,7 @@ use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::http::{
@@ -255,32 +256,8 @@ impl Line {
         &mut self.0
     }
 
-    fn str(mut self, k: &str, v: &str) -> Line {
-        let _ = serde_json::to_writer(self.key(k), v);
-        self
-    }
-
-    fn opt_str(mut self, k: &str, v: Option<&str>) -> Line {
-        let _ = serde_json::to_writer(self.key(k), &v);
-        self
-    }
-
-    fn f64(mut self, k: &str, v: f64) -> Line {
-        let _ = serde_json::to_writer(self.key(k), &v);
-        self
-    }
-
-    fn u64(mut self, k: &str, v: u64) -> Line {
-        let _ = serde_json::to_writer(self.key(k), &v);
-        self
-    }
-
-    fn bool(mut self, k: &str, v: bool) -> Line {
-        self.key(k).extend_from_slice(if v { b"true" } else { b"false" });
-        self
-    }
-
-    fn value(mut self, k: &str, v: &Value) -> Line {
+    /// Any value serde can write (a str, a number, a bool, an Option, a serde_json Value).
+    fn val<T: Serialize + ?Sized>(mut self, k: &str, v: &T) -> Line {
         let _ = serde_json::to_writer(self.key(k), v);
         self
     }
@@ -357,8 +334,8 @@ impl Front {
 
     /// The start of a call's `end` line: what the control plane is told of the call, and when it ended.
     fn end_line(&self, call: &[u8], t0: Instant, waited: f64) -> Line {
-        Line::new().str("t", "end").raw("call", call).f64("latency_ms", t0.elapsed().as_secs_f64() * 1000.0)
-            .f64("pacer_wait_ms", waited)
+        Line::new().val("t", "end").raw("call", call).val("latency_ms", &(t0.elapsed().as_secs_f64() * 1000.0))
+            .val("pacer_wait_ms", &waited)
     }
 
     fn others_in_flight(&self) -> u64 {
@@ -687,9 +664,9 @@ impl Front {
         t0: Instant,
     ) -> io::Result<bool> {
         // what the control plane is told of the call with its outcome (`end`, or a resume)
-        let call = Line::new().str("call", &ticket.call).str("ticket", &ticket.id).str("route", &head.first[1])
-            .str("kind", if matches!(kind, Route::Messages) { "messages" } else { "chat" }).bool("stream", stream)
-            .u64("bytes", payload.len() as u64).u64("max_out", max_out).f64("started_at", now_s()).done();
+        let call = Line::new().val("call", &ticket.call).val("ticket", &ticket.id).val("route", &head.first[1])
+            .val("kind", &if matches!(kind, Route::Messages) { "messages" } else { "chat" }).val("stream", &stream)
+            .val("bytes", &(payload.len() as u64)).val("max_out", &max_out).val("started_at", &now_s()).done();
         let now = Instant::now();
         if ticket.start_at > now {
             thread::sleep(ticket.start_at - now); // the pool's booked slot
@@ -739,8 +716,8 @@ impl Front {
                                     String::from_utf8_lossy(&body[m.value.clone()]).into_owned()
                                 })
                             });
-                            self.send_end(self.end_line(&call, t0, waited).opt_str("usage", usage.as_deref())
-                                .value("limits", &limits).u64("in_flight", self.others_in_flight()));
+                            self.send_end(self.end_line(&call, t0, waited).val("usage", &usage.as_deref())
+                                .val("limits", &limits).val("in_flight", &self.others_in_flight()));
                             return Ok(answered);
                         }
                     }
@@ -776,9 +753,9 @@ impl Front {
                                 tail.extend_from_slice(b"0\r\n\r\n");
                                 harness_ok = down.write(&tail).is_ok();
                             }
-                            self.send_end(self.end_line(&call, t0, waited).value("meter", &meter_json(&meter))
-                                .str("outcome", &outcome).opt_str("failure", failure.as_deref())
-                                .value("limits", &limits).u64("in_flight", self.others_in_flight()));
+                            self.send_end(self.end_line(&call, t0, waited).val("meter", &meter_json(&meter))
+                                .val("outcome", &outcome).val("failure", &failure.as_deref())
+                                .val("limits", &limits).val("in_flight", &self.others_in_flight()));
                             return Ok(harness_ok);
                         }
                     }
@@ -790,8 +767,8 @@ impl Front {
                 Failed::StreamEarly { meter, .. } | Failed::StreamError { meter } => meter_json(meter),
                 _ => Value::Null,
             };
-            self.send_end(self.end_line(&call, t0, waited).bool("cancelled", true).value("meter", &meter)
-                .u64("in_flight", self.others_in_flight()));
+            self.send_end(self.end_line(&call, t0, waited).val("cancelled", &true).val("meter", &meter)
+                .val("in_flight", &self.others_in_flight()));
             return Ok(false);
         }
         let head_sent = stream && matches!(failed, Failed::StreamEarly { .. } | Failed::StreamError { .. });
@@ -1123,9 +1100,9 @@ mod tests {
 
     #[test]
     fn a_line_is_the_json_a_map_would_have_made() {
-        let call = Line::new().str("call", "c\"1\\\n").bool("stream", true).u64("bytes", 12).done();
-        let line = Line::new().str("t", "end").raw("call", &call).f64("latency_ms", 1.25).opt_str("usage", None)
-            .opt_str("failure", Some("cut \u{1}")).value("limits", &Value::Null).done();
+        let call = Line::new().val("call", "c\"1\\\n").val("stream", &true).val("bytes", &12).done();
+        let line = Line::new().val("t", "end").raw("call", &call).val("latency_ms", &1.25).val("usage", &None::<&str>)
+            .val("failure", &Some("cut \u{1}")).val("limits", &Value::Null).done();
         let got: Value = serde_json::from_slice(&line).unwrap();
         assert_eq!(got, json!({"t": "end", "call": {"call": "c\"1\\\n", "stream": true, "bytes": 12},
                                "latency_ms": 1.25, "usage": null, "failure": "cut \u{1}", "limits": null}));
