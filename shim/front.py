@@ -9,9 +9,10 @@ shim/server.py over loopback).
 
 Protocol: lines of JSON on a Unix socket pair (the child's end named by `--control-fd`). This side writes the
 config first (with the real key: never argv or the environment), then `ticket` (lend one, or the answer to an
-ask: `for`), `no` (an ask refused), `recall`, `discover` (send the next answer's rate-limit headers) and `stop`.
-The child writes `ready`, `ask` (a call no lent ticket covers: Shim._ask), `end` (a call's answer went to the
-harness: usage, timings; or it was cut at shutdown), `recalled` and `bye`. A call whose attempt failed in a way
+ask: `for`), `no` (an ask refused), `recall`, `discover` (send the next answer's rate-limit headers), `sync` and
+`stop`. The child writes `ready`, `ask` (a call no lent ticket covers: Shim._ask), `end` (a call's answer went to
+the harness: usage, timings; or it was cut at shutdown), `recalled`, `synced` (its calls in flight, after every
+`end` it held back: DataPlane.sync) and `bye`. A call whose attempt failed in a way
 worth retrying comes to shim/server.py as an HTTP request with `x-evalplane-resume` (Shim.resume).
 """
 
@@ -93,6 +94,8 @@ class DataPlane:
         self._bye: asyncio.Future | None = None
         self._out: list[bytes] = []  # lines to write at the end of this turn of the event loop (send)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._syncs: dict[int, asyncio.Future] = {}
+        self._next_sync = 0
 
     @staticmethod
     def usable(upstream_url: str) -> str | None:
@@ -156,8 +159,30 @@ class DataPlane:
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(b"\n".join(lines) + b"\n")
 
+    async def sync(self, timeout_s: float = 2.0) -> int | None:
+        """The child's calls in flight, once every `end` line it held back (its Outbox batches them) has been
+        handled here: with this process's own in_flight, no call that reached the harness is missing from the
+        ledger. None if the child did not answer."""
+        if not self.alive:
+            return None
+        self._next_sync += 1
+        sid = self._next_sync
+        fut = self._syncs[sid] = self._loop.create_future()
+        self.send({"t": "sync", "id": sid})
+        try:
+            return await asyncio.wait_for(fut, timeout_s)
+        except (TimeoutError, DataPlaneError):
+            return None
+        finally:
+            self._syncs.pop(sid, None)
+
     def _on_line(self, msg: dict[str, Any]) -> None:
         t = msg.get("t")
+        if t == "synced":
+            fut = self._syncs.get(msg.get("id"))
+            if fut is not None and not fut.done():
+                fut.set_result(int(msg["in_flight"]))
+            return
         if t == "ready":
             if not self._ready.done():
                 self._ready.set_result(int(msg["port"]))
@@ -170,7 +195,7 @@ class DataPlane:
 
     def _on_lost(self) -> None:
         self.alive = False
-        for fut in (self._ready, self._bye):
+        for fut in (self._ready, self._bye, *self._syncs.values()):
             if fut is not None and not fut.done():
                 fut.set_exception(DataPlaneError("the compiled data plane went away"))
         self.on_message({"t": "lost"})

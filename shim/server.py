@@ -242,7 +242,7 @@ class Shim:
                 self._json(resp, {"ok": self.ready}, 200 if self.ready else 503)
                 return
             if request.path == "/_shim/status":
-                self._json(resp, self.status(), 200)
+                self._json(resp, await self.status_now(), 200)
                 return
         await self.unknown(request, resp)
 
@@ -345,6 +345,18 @@ class Shim:
             await self._run_cmds(cmds, "giving a ticket back")
 
     # ------------------------------------------------------------ status
+
+    async def status_now(self) -> dict[str, Any]:
+        """status(), with the compiled data plane's calls in flight counted: in_flight 0 means every call that
+        reached the harness has its ledger row (the data plane's `end` lines wait in its Outbox)."""
+        dp_in_flight = await self.dataplane.sync() if self.dataplane is not None else None
+        doc = self.status()
+        if dp_in_flight is not None:
+            doc["in_flight"] += dp_in_flight
+        elif self.dataplane is not None and self.dataplane.alive:
+            doc["in_flight"] += 1  # no answer in time: not known to be idle
+        doc["dataplane_in_flight"] = dp_in_flight
+        return doc
 
     def status(self) -> dict[str, Any]:
         return {

@@ -407,6 +407,13 @@ impl Front {
                 drop(q);
                 self.send_now(&json!({"t": "recalled", "ids": back}));
             }
+            Some("sync") => {
+                // the calls in flight, behind every `end` line waiting in the Outbox (it goes urgent, after them):
+                // a call's `end` is queued before it stops counting, so the control plane, once it reads this,
+                // has read every call not counted here
+                let n = self.in_flight.load(Ordering::SeqCst);
+                self.send_now(&json!({"t": "synced", "id": msg.get("id"), "in_flight": n}));
+            }
             Some("discover") => self.discover.store(true, Ordering::Relaxed),
             Some("stop") => self.stopping.store(true, Ordering::SeqCst),
             _ => {}
