@@ -141,3 +141,32 @@ def test_harness_leaving_a_stream_on_a_ticket_is_metered(sim, shim):
     assert rows[1]["input_tokens"] + rows[1]["cached_tokens"] > 0 and rows[1]["output_tokens"] > 0
     # it stopped reading when the harness left: the answer's end never came (~1 s), nor its usage
     assert rows[1]["latency_ms"] < 900 and rows[1]["raw_usage"]["output_tokens"] == 1
+
+
+def test_status_counts_the_data_planes_calls_until_their_rows_are_written(sim, shim):
+    """/_shim/status's in_flight covers the data plane's calls, whose `end` lines its Outbox batches (end_batch_s
+    while calls overlap): once it reads 0, every answered call has its ledger row (what a harness's wrapper and
+    shimtest.rows() rely on)."""
+    import threading
+    import time
+
+    s = shim(sim(tokens_per_s=20), dataplane="compiled", end_batch_s=0.3)  # answers take ~0.5 s
+    body = {"model": "m", "max_tokens": 200, "messages": [{"role": "user", "content": "tell me a story " * 10}]}
+    assert _post(s, body).status_code == 200  # tickets are lent from here on
+    codes: list[int] = []
+    calls = [threading.Thread(target=lambda: codes.append(_post(s, body).status_code)) for _ in range(4)]
+    for t in calls:
+        t.start()
+    time.sleep(0.2)
+    during = s.status()
+    assert during["dataplane_in_flight"] >= 1 and during["in_flight"] >= during["dataplane_in_flight"]
+    for t in calls:
+        t.join()
+    assert codes == [200] * 4
+    deadline = time.monotonic() + 10
+    while (st := s.status())["in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert st["in_flight"] == 0 and st["dataplane_in_flight"] == 0
+    # read at once, not through rows(): the rows are there when in_flight says so
+    assert len(s.ledger_path.read_text().splitlines()) == 5
+    assert st["dataplane_calls"] == 5 and st["ledger_rows"] == 5
