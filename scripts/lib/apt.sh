@@ -10,7 +10,7 @@ apt_install() {
     local i
     for i in 1 2 3 4 5 6; do
       $_apt_sudo apt-get "${lock[@]}" update -qq && break
-      [ "$i" -lt 6 ] || return 1
+      [ "$i" -lt 6 ] || exit 1  # (the subshell's status is the function's)
       echo "apt: update failed (another apt run holds its lock?); again in 10 s" >&2
       sleep 10
     done

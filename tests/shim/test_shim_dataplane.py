@@ -4,6 +4,9 @@ whole shim suite against it too.)"""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import httpx
 import pytest
 from shimtest import (
@@ -147,9 +150,6 @@ def test_status_counts_the_data_planes_calls_until_their_rows_are_written(sim, s
     """/_shim/status's in_flight covers the data plane's calls, whose `end` lines its Outbox batches (end_batch_s
     while calls overlap): once it reads 0, every answered call has its ledger row (what a harness's wrapper and
     shimtest.rows() rely on)."""
-    import threading
-    import time
-
     s = shim(sim(tokens_per_s=20), dataplane="compiled", end_batch_s=0.3)  # answers take ~0.5 s
     body = {"model": "m", "max_tokens": 200, "messages": [{"role": "user", "content": "tell me a story " * 10}]}
     assert _post(s, body).status_code == 200  # tickets are lent from here on
