@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# A Docker engine and the project's base image, on a machine that has neither and reaches no public
-# image registry: install docker.io with apt, start dockerd, and build evalplane/debian:bookworm from
-# Debian's own packages with debootstrap + `docker import`.
-#   scripts/docker.sh engine    ensure an engine answers (install and start it if not)
-#   scripts/docker.sh base      ensure the base image exists (builds it once, ~2 min)
-#   scripts/docker.sh up        both
+# A Docker engine and the project's base images, on a machine that has neither and reaches no public
+# image registry: install docker.io with apt, start dockerd, and build evalplane/debian:<release> from
+# Debian's own packages with debootstrap + `docker import`, from the mirror this machine's apt uses.
+#   scripts/docker.sh engine              ensure an engine answers (install and start it if not)
+#   scripts/docker.sh base [RELEASE]      ensure evalplane/debian:RELEASE exists (default bookworm; ~2 min once)
+#   scripts/docker.sh up                  engine, then the bookworm base
+# bullseye (glibc 2.31, older than the official instance images' Ubuntu 22.04) is the base of the SWE-bench-shaped
+# instance images and of the task runtime's build, so what runs there runs on the official images too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STATE="${EVALPLANE_STATE_DIR:-$PWD/.state}"
-BASE_IMAGE="${EVALPLANE_BASE_IMAGE:-evalplane/debian:bookworm}"
-MIRROR="${EVALPLANE_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
 mkdir -p "$STATE"
 
 . scripts/lib/apt.sh
+. scripts/lib/debian_mirror.sh
 
 engine() {
   if docker info >/dev/null 2>&1; then return 0; fi
@@ -28,20 +29,23 @@ engine() {
 }
 
 base() {
-  if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then return 0; fi
+  local release="${1:-bookworm}"
+  local image="evalplane/debian:$release"
+  if docker image inspect "$image" >/dev/null 2>&1; then return 0; fi
   command -v debootstrap >/dev/null || apt_install debootstrap
+  local mirror; mirror=$(debian_mirror)
   local root; root=$(mktemp -d "$STATE/rootfs.XXXX")
-  echo "docker: building $BASE_IMAGE with debootstrap from $MIRROR" >&2
+  echo "docker: building $image with debootstrap" >&2
   $SUDO debootstrap --variant=minbase --include=ca-certificates,git,python3,python3-venv,patch \
-    bookworm "$root" "$MIRROR" >"$STATE/debootstrap.log" 2>&1
+    "$release" "$root" "$mirror" >"$STATE/debootstrap-$release.log" 2>&1
   $SUDO rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
-  $SUDO tar -C "$root" -c . | docker import -c 'ENV LANG=C.UTF-8' -c 'CMD ["/bin/bash"]' - "$BASE_IMAGE" >/dev/null
+  $SUDO tar -C "$root" -c . | docker import -c 'ENV LANG=C.UTF-8' -c 'CMD ["/bin/bash"]' - "$image" >/dev/null
   $SUDO rm -rf "$root"
 }
 
 case "${1:-up}" in
   engine) engine ;;
-  base) engine && base ;;
-  up) engine && base ;;
-  *) echo "usage: scripts/docker.sh engine|base|up" >&2; exit 2 ;;
+  base) engine && base "${2:-bookworm}" ;;
+  up) engine && base bookworm ;;
+  *) echo "usage: scripts/docker.sh engine|base [RELEASE]|up" >&2; exit 2 ;;
 esac

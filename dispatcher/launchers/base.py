@@ -15,8 +15,9 @@ class TaskHandle:
 
 
 class Launcher(Protocol):
-    def launch(self, ref: AttemptRef, job_uri: str) -> TaskHandle:
-        """Start the task; it fetches its job from job_uri and nothing else is passed."""
+    def launch(self, ref: AttemptRef, job_uri: str, image: str | None = None) -> TaskHandle:
+        """Start the task; it fetches its job from job_uri and nothing else is passed. image: the attempt's task
+        image by digest (its instance's image plus the runtime layer); None for the process launcher."""
 
     def poll(self, handle: TaskHandle) -> int | None:
         """None while running, else the exit code."""

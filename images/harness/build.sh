@@ -21,7 +21,5 @@ for pkg in contract harness shim; do
   (cd "$root" && find "$pkg" -name '__pycache__' -prune -o -type f \( -name '*.py' -o -name '*.sql' -o -name '*.yaml' -o -name '*.json' \) -print) \
     | (cd "$root" && xargs -I{} cp --parents {} "$ctx/src/")
 done
-# the shim's compiled data plane (shim/dataplane), built on the host (Debian bookworm, as the image)
-cp "$("$root/scripts/build_dataplane.sh")" "$ctx/shim_dataplane"
 docker build -q -t "$tag" "$ctx" >/dev/null
 echo "$tag"
