@@ -57,6 +57,7 @@ class AttemptStatus(StrEnum):
     RESOLVED = "RESOLVED"
     UNRESOLVED = "UNRESOLVED"
     EVAL_ERROR = "EVAL_ERROR"
+    INFRA_ERROR = "INFRA_ERROR"  # our side failed (task setup, rate limits past retries, the grading environment)
     CANCELLED = "CANCELLED"
 
     @property
@@ -102,7 +103,9 @@ class Job(Frozen):
     limits: AttemptLimits
     run_cost_usd: float | None = None
     instance: dict[str, Any]  # the dataset row (problem_statement, repo, base_commit, ...)
-    repo_source: str  # where the task gets the repository (a git bundle path locally)
+    repo_source: str  # where the task gets the repository: contract.task_shape.TESTBED (baked into its task image)
+    # or a git bundle's path (the process launcher clones it)
+    bundle: str | None = None  # a git bundle of the repository, where one is known (the process grading backend's)
     upstream_url: str  # the gateway (or simulator) base URL the shim forwards to
     results_queue_url: str
     artifacts_prefix: str  # s3://bucket/runs/<run>/attempts/<iid>/<n>/

@@ -1,4 +1,4 @@
-"""`python -m dispatcher {run,validate,report,status} ...`"""
+"""`python -m dispatcher {validate,plan,images,run,resume,cancel,report,status} ...`"""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -35,12 +36,87 @@ def _valkey_url() -> str:
     return os.environ.get("VALKEY_URL", "redis://127.0.0.1:6379/0")
 
 
+def _print_problems(err: Console, what: str, problems: dict[str, str]) -> None:
+    err.print(f"[bold red]{len(problems)} instance(s) without {what}:[/]")
+    for iid, why in sorted(problems.items()):
+        err.print(f"  {iid}: {why}", markup=False, highlight=False, soft_wrap=True)
+
+
+def image_problems(plan: Plan) -> dict[str, str]:
+    """What each instance lacks to run in its task image, without building anything: on AWS, its task image
+    recorded in the estate's registry; locally, its instance image (or a bundle to build a stand-in from)."""
+    if not plan.in_task_images:
+        return {}
+    from dispatcher import images
+
+    if plan.spec.backend.kind == "aws":
+        with db.connect() as conn:
+            db.migrate(conn)
+            return images.for_plan(plan, conn, build=False)[1]
+    import docker
+
+    try:
+        client = docker.from_env(timeout=30)
+        client.ping()
+    except Exception as e:  # noqa: BLE001 - no engine at all
+        return {iid: f"backend.launcher = 'docker' but no Docker engine answers ({e}); scripts/docker.sh up"
+                for iid in plan.rows}
+    problems = {}
+    t = images.target(plan.spec)
+    for iid, row in plan.rows.items():
+        try:
+            from eval_worker.pinning import ImageResolver, ImageUnavailable
+
+            ImageResolver(db.database_url(), t.instance_registry).resolve(client, row)
+        except ImageUnavailable as e:
+            if iid not in plan.bundles or t.instance_registry:
+                problems[iid] = f"no image: {e}"
+    return problems
+
+
 def cmd_validate(args, out: Console, err: Console) -> int:
     plan = _plan(args.spec, err)
     if plan is None:
         return EXIT_SPEC
+    missing = image_problems(plan)
+    if missing:
+        _print_problems(err, "what their task image needs", missing)
+        return EXIT_SPEC
     out.print(f"{args.spec}: ok: run {plan.spec.run.name!r}, {len(plan.rows)} instance(s), "
-              f"{len(plan.refs)} attempt(s), pool {plan.spec.pool!r}, backend {plan.spec.backend.kind}")
+              f"{len(plan.refs)} attempt(s), pool {plan.spec.pool!r}, backend {plan.spec.backend.kind}"
+              + (f", launcher {plan.spec.backend.launcher}" if plan.spec.backend.kind == "local" else ""))
+    return 0
+
+
+def cmd_images(args, out: Console, err: Console) -> int:
+    """Build (or reuse) the task image of every instance the spec names, push, record; print what it did."""
+    from rich.table import Table
+
+    from dispatcher import images
+
+    plan = _plan(args.spec, err)
+    if plan is None:
+        return EXIT_SPEC
+    logging.getLogger("evalplane.images").setLevel(logging.INFO)
+    t0 = time.monotonic()
+    with db.connect() as conn:
+        db.migrate(conn)
+        built, problems = images.for_plan(plan, conn, build=True, force=args.force,
+                                          on_image=lambda t: err.print(
+                                              f"{t.instance_id}: {'built' if t.built else 'reused'} {t.ref}",
+                                              markup=False, highlight=False, soft_wrap=True))
+    table = Table(title=f"task images for {plan.spec.run.name} ({plan.spec.harness.name})")
+    for col in ("instance", "image (by digest)", "", "build s", "layers MB", "image MB"):
+        table.add_column(col, justify="right" if col.endswith(("s", "MB")) else "left")
+    for iid, t in sorted(built.items()):
+        table.add_row(iid, t.ref, "built" if t.built else "reused", f"{t.build_s:.1f}" if t.built else "-",
+                      f"{t.layer_bytes / 1e6:.1f}", f"{t.size_bytes / 1e6:.0f}")
+    out.print(table)
+    n_built = sum(t.built for t in built.values())
+    out.print(f"{n_built} built, {len(built) - n_built} reused, {len(problems)} missing, {time.monotonic() - t0:.1f} s")
+    if problems:
+        _print_problems(err, "a task image", problems)
+        return 1
     return 0
 
 
@@ -59,6 +135,15 @@ def cmd_run(args, out: Console, err: Console) -> int:
         return EXIT_SPEC
     for w in warnings:
         err.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
+    if plan.in_task_images:
+        from dispatcher import images
+
+        with db.connect() as conn:  # locally, build what is missing (reusing the rest); on AWS, the build tier's
+            found, problems = images.for_plan(plan, conn, build=plan.spec.backend.kind == "local")
+        if problems:
+            _print_problems(err, "a task image", problems)
+            return EXIT_SPEC
+        plan.task_images = {iid: t.ref for iid, t in found.items()}
     try:
         state = execute(plan, _valkey_url(), err)
     except RunConflict as e:
@@ -153,6 +238,10 @@ def cmd_plan(args, out: Console, err: Console) -> int:
     cost = "unknown (model not in the price table)" if price is None else f"${p.cost_usd:.4f}" + (
         f" (capped by the run budget ${spec.budget.run_usd})" if p.capped_by_budget else "")
     out.print(f"predicted cost: {cost}", soft_wrap=True)
+    missing = image_problems(plan)
+    if missing:
+        _print_problems(err, "what their task image needs", missing)
+        return EXIT_SPEC
     return 0
 
 
@@ -213,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="folder for predictions.jsonl and the report JSON")
     p = sub.add_parser("validate", help="check a spec without running anything")
     p.add_argument("spec")
+    p = sub.add_parser("images", help="build (or reuse) each instance's task image, push it, record its digest")
+    p.add_argument("spec")
+    p.add_argument("--force", action="store_true", help="rebuild even where the inputs did not change")
     p = sub.add_parser("report", help="print the results of a spec's run and write its outputs again")
     p.add_argument("spec")
     p.add_argument("--out")
@@ -230,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     # The results table wants ~150 columns: use them when stdout is not a terminal (logs, CI, pipes).
     out = Console() if sys.stdout.isatty() else Console(width=160)
     err = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)
-    commands = {"run": cmd_run, "validate": cmd_validate, "report": cmd_report, "status": cmd_status,
+    commands = {"run": cmd_run, "validate": cmd_validate, "images": cmd_images, "report": cmd_report, "status": cmd_status,
                 "plan": cmd_plan, "resume": cmd_resume, "cancel": cmd_cancel}
     return commands[args.cmd](args, out, err)
 

@@ -1,12 +1,14 @@
-"""spec -> the attempts to run: instances selected, repositories located. No side effects (validate uses it)."""
+"""spec -> the attempts to run: instances selected, where each attempt's repository comes from. No side effects
+(validate uses it). Task images are attached by dispatcher.images before a run (run_images)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from contract import task_shape
 from contract.models import AttemptRef
 from dispatcher import instances
 from dispatcher.spec import Spec, SpecError, SpecProblem
@@ -16,8 +18,15 @@ from dispatcher.spec import Spec, SpecError, SpecProblem
 class Plan:
     spec: Spec
     rows: dict[str, dict]  # instance_id -> dataset row
-    repo_sources: dict[str, str]  # instance_id -> where its repository comes from
+    repo_sources: dict[str, str]  # instance_id -> where its task gets the repository (a bundle, or TESTBED)
     refs: list[AttemptRef]
+    bundles: dict[str, str] = field(default_factory=dict)  # instance_id -> its repository's git bundle, if any
+    task_images: dict[str, str] = field(default_factory=dict)  # instance_id -> its task image by digest
+
+    @property
+    def in_task_images(self) -> bool:
+        """Tasks run in task images (docker launcher, AWS), not as local processes on a checkout."""
+        return self.spec.backend.kind == "aws" or self.spec.backend.launcher == "docker"
 
     @property
     def spec_hash(self) -> str:
@@ -45,19 +54,34 @@ def make_plan(spec: Spec, spec_file: str = "spec.toml") -> Plan:
     if not rows and not problems:
         problems.append(SpecProblem(path="instances", message="selects no instances"))
     problems += [SpecProblem(path="instances.dataset", message=p) for p in instances.check_rows(rows)[:10]]
-    sources: dict[str, str] = {}
-    if spec.backend.kind == "local":
-        if spec.instances.repos is None:
-            problems.append(SpecProblem(path="instances.repos", message="required with backend.kind = 'local'"))
-        else:
-            for r in rows:
-                bundle = Path(spec.instances.repos) / repo_bundle_name(r["repo"])
-                if not bundle.is_file():
-                    problems.append(SpecProblem(path="instances.repos", message=f"no repository for {r['repo']}: {bundle}"))
-                    break
-                sources[r["instance_id"]] = str(bundle)
-    else:
-        sources = {r["instance_id"]: "/testbed" for r in rows}  # baked into the instance image
+    bundles: dict[str, str] = {}
+    if spec.instances.repos is not None:
+        for r in rows:
+            bundle = Path(spec.instances.repos) / repo_bundle_name(r["repo"])
+            if bundle.is_file():
+                bundles[r["instance_id"]] = str(bundle)
+    in_images = spec.backend.kind == "aws" or spec.backend.launcher == "docker"
+    # Without task images, the process launcher clones a bundle and the process grading backend grades in one: an
+    # instance with neither cannot run here (real instances run in their task images: backend.launcher = "docker").
+    needs_bundle = []
+    if not in_images:
+        needs_bundle.append(("backend.launcher", "the process launcher clones each instance's repository from a git bundle"))
+    if spec.eval.backend == "process":
+        needs_bundle.append(("eval.backend", "the process grading backend grades in a clone of its git bundle"))
+    real = ("real SWE-bench instances run in their official images: backend.launcher = \"docker\" and "
+            "eval.backend = \"docker\" (README: real instances)")
+    for path, why in needs_bundle:
+        missing = [r for r in rows if r["instance_id"] not in bundles]
+        if missing and spec.instances.repos is None:
+            problems.append(SpecProblem(path=path, message=f"instances.repos is not set: {why}; {real}"))
+            continue
+        for r in missing[:10]:
+            problems.append(SpecProblem(path=path, message=(
+                f"{r['instance_id']}: no repository (no {repo_bundle_name(r['repo'])} in {spec.instances.repos});"
+                f" {why}; {real}")))
+        if len(missing) > 10:
+            problems.append(SpecProblem(path=path, message=f"... and {len(missing) - 10} more instance(s)"))
+    sources = {iid: task_shape.TESTBED for iid in (r["instance_id"] for r in rows)} if in_images else dict(bundles)
     if problems:
         raise SpecError(spec_file, problems)
     refs = [
@@ -65,7 +89,7 @@ def make_plan(spec: Spec, spec_file: str = "spec.toml") -> Plan:
         for r in rows
         for n in range(1, spec.run.attempts + 1)
     ]
-    return Plan(spec=spec, rows={r["instance_id"]: r for r in rows}, repo_sources=sources, refs=refs)
+    return Plan(spec=spec, rows={r["instance_id"]: r for r in rows}, repo_sources=sources, refs=refs, bundles=bundles)
 
 
 def apply_validation(plan: Plan, conn, spec_file: str = "spec.toml") -> tuple[Plan, list[str]]:
@@ -89,5 +113,7 @@ def apply_validation(plan: Plan, conn, spec_file: str = "spec.toml") -> tuple[Pl
         )])
     rows = {k: v for k, v in plan.rows.items() if k not in bad}
     kept = Plan(spec=plan.spec, rows=rows, repo_sources={k: v for k, v in plan.repo_sources.items() if k in rows},
-                refs=[r for r in plan.refs if r.instance_id in rows])
+                refs=[r for r in plan.refs if r.instance_id in rows],
+                bundles={k: v for k, v in plan.bundles.items() if k in rows},
+                task_images={k: v for k, v in plan.task_images.items() if k in rows})
     return kept, [f"excluded {line}" for line in lines]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from pathlib import Path
 
 import psycopg
@@ -17,13 +18,13 @@ from rich.table import Table
 
 from contract import aws
 
-STATUS_ORDER = ("RESOLVED", "UNRESOLVED", "EMPTY_PATCH", "EVAL_ERROR", "PATCH_READY")
+STATUS_ORDER = ("RESOLVED", "UNRESOLVED", "EMPTY_PATCH", "EVAL_ERROR", "INFRA_ERROR", "CANCELLED", "PATCH_READY")
 
 
 def fetch_attempts(conn: psycopg.Connection, run: str) -> list[dict]:
     cur = conn.execute(
         """SELECT instance_id, attempt, model, outcome, status, patch_uri, patch_bytes, calls, input_tokens,
-                  cached_tokens, cache_write_tokens, output_tokens, cost_usd, wall_time_s, eval_outcome, report,
+                  cached_tokens, cache_write_tokens, output_tokens, cost_usd, wall_time_s, eval_outcome, report, error,
                   (SELECT count(*) FROM calls c WHERE c.run = a.run AND c.instance_id = a.instance_id
                      AND c.attempt = a.attempt) AS ledger_rows
            FROM attempts a WHERE run = %s ORDER BY instance_id, attempt""",
@@ -99,8 +100,42 @@ def write_outputs(run: str, attempts: list[dict], dataset: list[dict], out_dir: 
         selected = [r for r in dataset if r["instance_id"] in preds]
         with _cwd(base), contextlib.redirect_stdout(open(os.devnull, "w")):
             report = make_run_report(preds, selected, run_id, client=None, report_dir=".")
+        mark_infra_failures(base / report, {a["instance_id"]: infra_reason(a) for a in mine
+                                            if a["status"] == "INFRA_ERROR"})
         written += [pred_file, base / report]
     return written
+
+
+def infra_reason(attempt: dict) -> str:
+    """Why an attempt is an infrastructure failure: the grading environment's reason, else the task's."""
+    reason = (attempt.get("report") or {}).get("infra_failure_reason")
+    if reason:
+        return reason
+    head = (attempt.get("error") or "infra_error").split(":", 1)[0]  # "rate_limited: ..." -> rate_limited
+    return re.sub(r"\W+", "_", head.strip().lower()).strip("_")[:60]
+
+
+def mark_infra_failures(report_file: Path, infra: dict[str, str]) -> None:
+    """The official report, with our infrastructure failures where they belong: make_run_report knows only what
+    its log patterns catch, so an attempt whose task or grading environment failed would read as an empty patch or
+    unresolved. Those ids move to infra_failure_ids (and error_ids: not run successfully), with their reasons in
+    failure_reasons; every count follows."""
+    if not infra:
+        return
+    report = json.loads(report_file.read_text())
+    for key in ("resolved_ids", "unresolved_ids", "empty_patch_ids", "ambiguous_failure_ids"):
+        report[key] = sorted(set(report.get(key, [])) - set(infra))
+    report["infra_failure_ids"] = sorted(set(report.get("infra_failure_ids", [])) | set(infra))
+    report["error_ids"] = sorted(set(report.get("error_ids", [])) | set(infra))
+    report["completed_ids"] = sorted(set(report.get("completed_ids", [])) - set(infra))
+    report["failure_reasons"] = dict(sorted({**report.get("failure_reasons", {}), **infra}.items()))
+    for count, ids in (("resolved_instances", "resolved_ids"), ("unresolved_instances", "unresolved_ids"),
+                       ("empty_patch_instances", "empty_patch_ids"), ("error_instances", "error_ids"),
+                       ("infra_failure_instances", "infra_failure_ids"), ("completed_instances", "completed_ids"),
+                       ("ambiguous_failure_instances", "ambiguous_failure_ids")):
+        if count in report:
+            report[count] = len(report[ids])
+    report_file.write_text(json.dumps(report, indent=4))
 
 
 def _fetch_eval_logs(prefix: str, dest: Path) -> None:

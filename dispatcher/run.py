@@ -22,7 +22,7 @@ import ray
 import redis
 from psycopg.types.json import Jsonb
 
-from contract import aws, db, keys
+from contract import aws, db, keys, task_shape
 from contract.models import (
     AttemptLimits,
     AttemptRef,
@@ -47,7 +47,7 @@ from dispatcher.resources import RunResources
 log = logging.getLogger("evalplane.dispatcher")
 
 REAP_GRACE_S = 20.0  # a task that exited without its result landing within this is landed as infra_error
-UPSTREAM_KEY_ENV = "EVALPLANE_UPSTREAM_KEY"
+UPSTREAM_KEY_ENV = task_shape.UPSTREAM_KEY_ENV
 
 
 class RunConflict(Exception):
@@ -115,6 +115,7 @@ def make_job(plan: Plan, res: RunResources, ref: AttemptRef, upstream_url: str, 
         run_cost_usd=spec.budget.run_usd,
         instance=plan.rows[ref.instance_id],
         repo_source=plan.repo_sources[ref.instance_id],
+        bundle=plan.bundles.get(ref.instance_id),
         upstream_url=upstream_url,
         results_queue_url=res.results_queue_url,
         artifacts_prefix=res.artifacts_prefix(ref),
@@ -131,10 +132,8 @@ def make_launcher(plan: Plan, run_dir: Path, task_env: dict[str, str], key: str,
 
     aws_env = localstack.aws_env()
     endpoints = sorted({v for k, v in aws_env.items() if k.startswith("AWS_ENDPOINT_URL")})
-    env = aws_env | {UPSTREAM_KEY_ENV: key, "EVALPLANE_STATE_DIR": "/tmp/evalplane"}
-    bundles = sorted({str(Path(p).parent) for p in plan.repo_sources.values()})
-    return DockerLauncher(env, [upstream, valkey_url, *endpoints], image=spec.backend.harness_image,
-                          log_dir=run_dir / "tasks", mounts=bundles)
+    env = aws_env | {UPSTREAM_KEY_ENV: key, "EVALPLANE_STATE_DIR": task_shape.STATE_DIR}
+    return DockerLauncher(env, [upstream, valkey_url, *endpoints], log_dir=run_dir / "tasks")
 
 
 def land_attempt(res: RunResources, plan: Plan, ref: AttemptRef, outcome: HarnessOutcome, why: str) -> None:
@@ -339,7 +338,8 @@ class DriverLoop:
         list(self.pool.map(lambda d: aws.put_text(*d), docs))
         t1 = time.monotonic()
         for ref in batch:
-            self.running[ref] = Running(handle=self.launcher.launch(ref, self.res.job_uri(ref)), started=now)
+            handle = self.launcher.launch(ref, self.res.job_uri(ref), self.plan.task_images.get(ref.instance_id))
+            self.running[ref] = Running(handle=handle, started=now)
         self.busy_s["job documents"] += t1 - t0
         self.busy_s["launch"] += time.monotonic() - t1
 

@@ -67,7 +67,10 @@ class InstancesSpec(Strict):
     ids: list[str] | None = None
     filter: dict[str, str | list[str]] | None = Field(None, description="field = value or [values]")
     slice: str | None = Field(None, description="Python-style 'start:stop' over the filtered rows")
-    repos: str | None = Field(None, description="Folder of git bundles '<owner>__<name>.bundle' (local backend)")
+    repos: str | None = Field(None, description=(
+        "Folder of git bundles '<owner>__<name>.bundle': what the process launcher clones and the process grading "
+        "backend grades in; with the docker launcher, where an instance image is missing, a SWE-bench-shaped "
+        "stand-in is built from its bundle"))
 
     @field_validator("slice")
     @classmethod
@@ -105,8 +108,8 @@ class BackendSpec(Strict):
     kind: Literal["local", "aws"] = "local"
     concurrency: int = Field(4, ge=1, le=20000)
     launcher: Literal["process", "docker"] = Field(
-        "process", description="local: a subprocess per task, or a container per task on the local Docker engine")
-    harness_image: str = Field("evalplane/harness:dev", description="the task image (launcher docker)")
+        "process", description="local: a subprocess per task (repositories from instances.repos), or a container per "
+                               "task from its task image on the local Docker engine")
     stack_outputs: str | None = Field(None, description="`pulumi stack output --json` file (backend aws)")
     dashboard: bool = Field(False, description="Start the Ray dashboard with the local Ray cluster")
     writers: int | None = Field(None, ge=1, le=64, description=(
@@ -134,9 +137,24 @@ class BackendSpec(Strict):
         return self
 
 
+class ImagesSpec(Strict):
+    """Where task images go, and where the instances' official images come from (both pulled by digest)."""
+
+    registry: str | None = Field(None, description=(
+        "HOST[:PORT] of the registry task images are pushed to and run from; unset: the local engine only. "
+        "backend aws: the estate's ECR from the stack outputs"))
+    repository: str = Field("evalplane/task", pattern=r"^[a-z0-9]+([._/-][a-z0-9]+)*$", description=(
+        "the repository task images are tagged and pushed under (backend aws: the estate's, from the stack outputs)"))
+    instance_registry: str | None = Field(None, description=(
+        "HOST[:PORT] of the private registry the official instance images are mirrored to "
+        "(python -m eval_worker mirror); unset: images present in the local engine"))
+
+
 class EvalSpec(Strict):
-    backend: Literal["process", "docker"] = Field(
-        "process", description="docker: the official run_instance in the instance image (official results)")
+    backend: Literal["process", "docker"] | None = Field(None, description=(
+        "docker: the official run_instance in the instance image (official results); process: a local sandbox "
+        "cloned from the instance's bundle (no Docker; an approximation). Default: docker where tasks run in task "
+        "images (backend aws, or launcher docker), else process"))
     require_validated: Literal["off", "exclude", "refuse"] = Field(
         "off", description="instances whose image has no valid gold validation: run anyway, exclude, or refuse")
     workers: int = Field(1, ge=1, le=1000)
@@ -171,9 +189,17 @@ class Spec(Strict):
     instances: InstancesSpec
     budget: BudgetSpec
     backend: BackendSpec = Field(default_factory=BackendSpec)
+    images: ImagesSpec = Field(default_factory=ImagesSpec)
     eval: EvalSpec = Field(default_factory=EvalSpec)
     simulator: SimulatorSpec | None = None
     _source: dict = PrivateAttr(default_factory=dict)  # the spec as written (before paths were resolved)
+
+    @model_validator(mode="after")
+    def _eval_backend_follows_tasks(self) -> Spec:
+        if self.eval.backend is None:
+            in_images = self.backend.kind == "aws" or self.backend.launcher == "docker"
+            self.eval.backend = "docker" if in_images else "process"
+        return self
 
     @property
     def source(self) -> dict:

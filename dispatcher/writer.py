@@ -143,6 +143,7 @@ SELECT run, instance_id, attempt, status FROM new
 _VERDICT_STATUS = {
     EvalOutcome.RESOLVED: AttemptStatus.RESOLVED,
     EvalOutcome.UNRESOLVED: AttemptStatus.UNRESOLVED,
+    EvalOutcome.INFRA_ERROR: AttemptStatus.INFRA_ERROR,
 }
 
 
@@ -231,6 +232,8 @@ class ResultsWriter:
         for r in results:
             if r.outcome is HarnessOutcome.CANCELLED:
                 status = AttemptStatus.CANCELLED  # never graded
+            elif r.outcome is HarnessOutcome.INFRA_ERROR:
+                status = AttemptStatus.INFRA_ERROR  # never graded, never an empty patch: not the model's doing
             else:
                 status = AttemptStatus.PATCH_READY if r.patch_bytes > 0 else AttemptStatus.EMPTY_PATCH
             t = r.totals
@@ -298,7 +301,8 @@ class ResultsWriter:
                 continue  # graded meanwhile, or never a patch: an empty patch never reaches the grader
             job = Job.model_validate_json(aws.get_text(self.res.job_uri(ref)))
             ej = EvalJob(
-                ref=ref, model_name=row[1], patch_uri=row[0], instance=job.instance, repo_source=job.repo_source,
+                ref=ref, model_name=row[1], patch_uri=row[0], instance=job.instance,
+                repo_source=job.bundle or job.repo_source,
                 results_queue_url=self.res.results_queue_url, artifacts_prefix=self.res.artifacts_prefix(ref),
                 timeout_s=self.eval_timeout_s,
             )

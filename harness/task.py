@@ -1,9 +1,10 @@
 """One agent task: `python -m harness <job-uri>`.
 
-fetch the job -> check out the repository at its base commit -> start the shim on 127.0.0.1 (the only
-process that holds the run's provider key) -> run the harness against the shim with a scrubbed
-environment -> take the patch (git diff against the base commit) -> upload patch, trajectory and ledger
--> send the attempt's result to the results queue. Whatever happens, a result is sent.
+fetch the job -> the repository at its base commit, pruned of everything after it (baked into the task image at
+/testbed, or cloned from a bundle by the process launcher) -> start the shim on 127.0.0.1 (the only process that
+holds the run's provider key) -> run the harness against the shim, in the instance's own environment (its conda env
+`testbed` active) without any secret -> take the patch (git diff against the base commit) -> upload patch,
+trajectory and ledger -> send the attempt's result to the results queue. Whatever happens, a result is sent.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from contract import aws, keys
+from contract import aws, keys, task_shape
 from contract.models import (
     AttemptResult,
     CallRecord,
@@ -34,7 +35,10 @@ from contract.models import (
 from harness.adapters import ADAPTERS
 
 log = logging.getLogger("evalplane.task")
-UPSTREAM_KEY_ENV = "EVALPLANE_UPSTREAM_KEY"
+UPSTREAM_KEY_ENV = task_shape.UPSTREAM_KEY_ENV
+PRUNE_HISTORY = Path(__file__).with_name("prune_history.sh")
+SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
+PRIVATE_PREFIXES = ("AWS_", "EVALPLANE_", "SHIM_", "DATABASE_URL", "VALKEY_URL", "RAY_")
 SCRATCH_FILES = ("patch.txt",)  # files harnesses are told to write in the repo; never part of the patch
 LEDGER_MESSAGE_BYTES = 240_000  # SQS allows 256 KiB
 DONE_TTL_S = 600  # the "result sent" mark outlives the slowest task-exit detection (ECS describe lag)
@@ -49,16 +53,55 @@ def git(testbed: Path, *args: str, check: bool = True) -> str:
     return p.stdout
 
 
+class SetupFailed(Exception):
+    """The attempt could not be set up (no repository, no environment): it failed before the agent could work."""
+
+
+def prune_history(testbed: Path, base_commit: str) -> None:
+    """Nothing after the base commit stays reachable (harness/prune_history.sh, the rule the task image applies)."""
+    p = subprocess.run(["sh", str(PRUNE_HISTORY), str(testbed), base_commit], capture_output=True, text=True,
+                       env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(testbed.parent),
+                            "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0"})
+    if p.returncode != 0:
+        raise SetupFailed(p.stderr.strip() or f"prune_history exited {p.returncode}")
+
+
 def checkout(job: Job, testbed: Path) -> None:
-    """The repository at the base commit. Locally a clone of the bundle; on AWS it is baked at /testbed."""
-    if Path(job.repo_source) == testbed:
-        return
-    if testbed.exists():
-        shutil.rmtree(testbed)
-    subprocess.run(["git", "clone", "-q", job.repo_source, str(testbed)], check=True, capture_output=True)
-    git(testbed, "checkout", "-q", "--detach", job.instance["base_commit"])
-    git(testbed, "config", "user.email", "agent@evalplane.local")
+    """The repository at the base commit with no history after it. Baked into the task image at /testbed (pruned
+    when the image was built; checked again here), or cloned from a bundle (the process launcher) and pruned."""
+    base = job.instance["base_commit"]
+    if Path(job.repo_source) != testbed:
+        if testbed.exists():
+            shutil.rmtree(testbed)
+        p = subprocess.run(["git", "clone", "-q", "--no-hardlinks", job.repo_source, str(testbed)],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            raise SetupFailed(f"git clone {job.repo_source} failed: {p.stderr.strip()}")
+        try:
+            git(testbed, "checkout", "-q", "--detach", base)
+        except RuntimeError as e:
+            raise SetupFailed(str(e)) from None
+    elif not (testbed / ".git").is_dir():
+        raise SetupFailed(f"{testbed} holds no repository (is this the instance's task image?)")
+    prune_history(testbed, base)
+    git(testbed, "config", "user.email", "agent@evalplane.invalid")
     git(testbed, "config", "user.name", "agent")
+
+
+def instance_env() -> dict[str, str]:
+    """The environment the agent's commands run in: the instance's own, as its image activates it (conda env
+    `testbed`), or, outside an instance image (the process launcher), this task's. Never a secret or an endpoint:
+    those are the task runner's and the shim's alone."""
+    env = dict(os.environ)
+    if Path("/opt/miniconda3/bin/activate").exists():
+        base = {k: env[k] for k in ("PATH", "HOME", "LANG", "TERM") if k in env}
+        p = subprocess.run(["bash", "-c", task_shape.CONDA_ACTIVATE + " >/dev/null && env -0"], env=base,
+                           capture_output=True)
+        if p.returncode != 0:
+            raise SetupFailed(f"the instance's environment does not activate: {p.stderr.decode(errors='replace')}")
+        env = dict(kv.split("=", 1) for kv in p.stdout.decode().split("\0") if "=" in kv)
+    return {k: v for k, v in env.items()
+            if not any(m in k.upper() for m in SECRET_MARKERS) and not k.startswith(PRIVATE_PREFIXES)}
 
 
 def take_patch(testbed: Path, base_commit: str) -> str:
@@ -214,9 +257,10 @@ def end_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_harness(job: Job, testbed: Path, workdir: Path, shim: Shim) -> HarnessOutcome:
+def run_harness(job: Job, testbed: Path, workdir: Path, shim: Shim) -> tuple[HarnessOutcome, str | None]:
+    """How the harness phase ended, and why where it was not the harness's own doing."""
     adapter = ADAPTERS[job.harness.name]()
-    hr = adapter.prepare(job, testbed, workdir, shim.url, shim.token)
+    hr = adapter.prepare(job, testbed, workdir, shim.url, shim.token, instance_env())
     assert UPSTREAM_KEY_ENV not in hr.env and "SHIM_UPSTREAM_KEY" not in hr.env
     deadline = time.monotonic() + (job.limits.wall_time_s or 1e9)
     with open(workdir / "harness.log", "ab") as logf:
@@ -234,11 +278,13 @@ def run_harness(job: Job, testbed: Path, workdir: Path, shim: Shim) -> HarnessOu
             if proc.poll() is None:
                 end_group(proc)
         stopped = stopped or shim.status().get("stopped")
+    if stopped == "rate_limited":  # the provider kept refusing past every retry: never the model's failure
+        return HarnessOutcome.INFRA_ERROR, "rate_limited: the upstream refused calls past the shim's retries"
     if stopped:
-        return HarnessOutcome(stopped)
+        return HarnessOutcome(stopped), None
     if timed_out:
-        return HarnessOutcome.WALL_TIME_EXCEEDED
-    return adapter.outcome(hr, proc.returncode)
+        return HarnessOutcome.WALL_TIME_EXCEEDED, None
+    return adapter.outcome(hr, proc.returncode), None
 
 
 class Stopped(Exception):
@@ -257,10 +303,10 @@ def main(argv: list[str]) -> int:
         return 2
     job = Job.model_validate_json(aws.get_text(argv[0]))
     ref = job.ref
-    state = Path(os.environ.get("EVALPLANE_STATE_DIR", "/tmp/evalplane"))
+    state = Path(os.environ.get("EVALPLANE_STATE_DIR", task_shape.STATE_DIR))
     workdir = state / "tasks" / ref.run / ref.instance_id / str(ref.attempt)
     workdir.mkdir(parents=True, exist_ok=True)
-    testbed = workdir / "testbed" if job.repo_source != "/testbed" else Path("/testbed")
+    testbed = Path(job.repo_source) if job.repo_source == task_shape.TESTBED else workdir / "testbed"
     started = utcnow()
     outcome, error, patch, shim_status, shim = HarnessOutcome.INFRA_ERROR, None, "", {}, None
     key = os.environ.pop(UPSTREAM_KEY_ENV, "")
@@ -270,8 +316,11 @@ def main(argv: list[str]) -> int:
         checkout(job, testbed)
         shim = Shim(job, workdir, key)
         heartbeat.beat("harness")
-        outcome = run_harness(job, testbed, workdir, shim)
+        outcome, error = run_harness(job, testbed, workdir, shim)
         patch = take_patch(testbed, job.instance["base_commit"])
+    except SetupFailed as e:  # before the agent could work: an infrastructure failure, never an empty patch
+        log.error("setup failed: %s", e)
+        error = f"setup failed: {e}"
     except Stopped:
         outcome, error = HarnessOutcome.CANCELLED, "stopped by SIGTERM"
     except Exception as e:  # still land a row: the attempt failed on our side

@@ -1,6 +1,7 @@
 """One container per attempt on a local Docker engine, on an internal network whose only way out is the egress.
 
-The container gets the job reference as its only argument. Its environment carries endpoints (rewritten to
+Each container runs its attempt's task image (the instance's own image plus the task runtime, dispatcher.images),
+by digest, with the job reference as its only argument. Its environment carries endpoints (rewritten to
 the egress) and the provider key, which the task hands to its shim alone. Containers are labelled with
 run, instance and attempt, so a resumed dispatcher finds the ones still running (`find_running`).
 """
@@ -19,7 +20,7 @@ from dispatcher.launchers.base import TaskHandle
 from dispatcher.launchers.egress import Egress
 
 L_ROLE, L_RUN, L_INSTANCE, L_ATTEMPT = "evalplane.role", "evalplane.run", "evalplane.instance", "evalplane.attempt"
-DEFAULT_IMAGE = "evalplane/harness:dev"
+EGRESS_IMAGE = "evalplane/debian:bookworm"  # any image with python3: the egress runs a standard-library forwarder
 
 
 def container_name(ref: AttemptRef) -> str:
@@ -28,19 +29,16 @@ def container_name(ref: AttemptRef) -> str:
 
 
 class DockerLauncher:
-    def __init__(self, env: dict[str, str], allowed: Sequence[str], *, image: str = DEFAULT_IMAGE,
-                 network: str = "evalplane-tasks", log_dir: Path | None = None, mounts: Sequence[str] = (),
+    def __init__(self, env: dict[str, str], allowed: Sequence[str], *, egress_image: str = EGRESS_IMAGE,
+                 network: str = "evalplane-tasks", log_dir: Path | None = None,
                  mem_limit: str | None = "4g", nano_cpus: int | None = None,
                  client: docker.DockerClient | None = None):
         """allowed: the endpoints tasks may reach (URLs or host:port): the upstream gateway, the S3/SQS
-        endpoint, Valkey. env values that name an allowed endpoint are rewritten to its egress address.
-        mounts: host paths bind-mounted read-only at the same path (local repository bundles)."""
+        endpoint, Valkey. env values that name an allowed endpoint are rewritten to its egress address."""
         self.client = client or docker.from_env()
-        self.image = image
         self.log_dir = log_dir
-        self.mounts = list(mounts)
         self.mem_limit, self.nano_cpus = mem_limit, nano_cpus
-        self.egress = Egress(self.client, network, list(allowed), image).up()
+        self.egress = Egress(self.client, network, list(allowed), egress_image).up()
         self.env = {k: self._rewrite(v) for k, v in env.items()}
         self._exited: dict[str, int] = {}
 
@@ -51,7 +49,9 @@ class DockerLauncher:
     def _rewrite(self, value: str) -> str:
         return self.egress.url(value) if self.egress.allows(value) else value
 
-    def launch(self, ref: AttemptRef, job_uri: str) -> TaskHandle:
+    def launch(self, ref: AttemptRef, job_uri: str, image: str | None = None) -> TaskHandle:
+        if not image:
+            raise ValueError(f"{ref.slug}: the docker launcher runs task images; none was given (dispatcher.images)")
         name = container_name(ref)
         try:
             old = self.client.containers.get(name)
@@ -61,9 +61,8 @@ class DockerLauncher:
         except docker.errors.NotFound:
             pass
         c = self.client.containers.run(
-            self.image, [job_uri], name=name, detach=True, network=self.egress.name, environment=self.env,
+            image, [job_uri], name=name, detach=True, network=self.egress.name, environment=self.env,
             labels={L_ROLE: "task", L_RUN: ref.run, L_INSTANCE: ref.instance_id, L_ATTEMPT: str(ref.attempt)},
-            volumes={p: {"bind": p, "mode": "ro"} for p in self.mounts},
             mem_limit=self.mem_limit, nano_cpus=self.nano_cpus, init=True,
         )
         return TaskHandle(ref=ref, task_id=c.id)

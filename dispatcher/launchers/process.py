@@ -19,7 +19,8 @@ class ProcessLauncher:
         self.env = env
         self._procs: dict[str, subprocess.Popen] = {}
 
-    def launch(self, ref: AttemptRef, job_uri: str) -> TaskHandle:
+    def launch(self, ref: AttemptRef, job_uri: str, image: str | None = None) -> TaskHandle:
+        """image is not used: the task runs on this host, on a checkout of its bundle."""
         log = self.log_dir / f"{ref.instance_id}.{ref.attempt}.task.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as fh:

@@ -19,7 +19,10 @@ class HarnessRun:
 class HarnessAdapter(Protocol):
     name: str
 
-    def prepare(self, job: Job, testbed: Path, workdir: Path, shim_url: str, local_token: str) -> HarnessRun: ...
+    def prepare(self, job: Job, testbed: Path, workdir: Path, shim_url: str, local_token: str,
+                env: dict[str, str]) -> HarnessRun:
+        """env: the instance's own environment (its conda env active, no secrets), for the agent's commands; the
+        adapter adds its harness's settings to it."""
 
     def outcome(self, run: HarnessRun, exit_code: int) -> HarnessOutcome:
         """How the harness says it ended (the shim's stop reason and the wall-time guard take precedence)."""

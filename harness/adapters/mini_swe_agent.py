@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -20,7 +19,8 @@ EXIT_STATUS = {
 class MiniSweAgent:
     name = "mini-swe-agent"
 
-    def prepare(self, job: Job, testbed: Path, workdir: Path, shim_url: str, local_token: str) -> HarnessRun:
+    def prepare(self, job: Job, testbed: Path, workdir: Path, shim_url: str, local_token: str,
+                env: dict[str, str]) -> HarnessRun:
         traj = workdir / "trajectory.json"
         settings = {
             "model_name": f"{job.model.provider}/{job.model.model}",
@@ -37,8 +37,7 @@ class MiniSweAgent:
         cfg.write_text(json.dumps(settings))
         home = workdir / "home"
         home.mkdir(exist_ok=True)
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        env = env | {
             "HOME": str(home),
             "LANG": "C.UTF-8",
             "MSWEA_GLOBAL_CONFIG_DIR": str(home / ".config" / "mini-swe-agent"),
@@ -48,7 +47,6 @@ class MiniSweAgent:
             "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "3",
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
             "HF_HUB_OFFLINE": "1",
-            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
         }
         return HarnessRun(argv=[sys.executable, "-m", "harness.adapters.mini_swe_agent_main", str(cfg)], env=env,
                           trajectory=traj)

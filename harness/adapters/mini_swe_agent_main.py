@@ -34,7 +34,10 @@ def main(cfg_path: str) -> int:
                       "max_tokens": cfg["settings"].get("max_tokens", 4096), "drop_params": True},
         cost_tracking="ignore_errors",
     )
-    env = LocalEnvironment(cwd=cfg["cwd"], timeout=env_cfg.get("timeout", 60), env=env_cfg.get("env", {}))
+    # BASH_ENV (the official config's /root/.bashrc) would activate the instance's conda env for every command: the
+    # task runner already hands this process that environment, and outside an instance image it is the host's file
+    cmd_env = {k: v for k, v in env_cfg.get("env", {}).items() if k != "BASH_ENV"}
+    env = LocalEnvironment(cwd=cfg["cwd"], timeout=env_cfg.get("timeout", 60), env=cmd_env)
     agent = DefaultAgent(model, env, **agent_cfg)
     try:
         info = agent.run(task=cfg["task"])

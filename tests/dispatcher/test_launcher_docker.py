@@ -1,4 +1,4 @@
-"""The docker launcher against a real engine and the locally built harness image.
+"""The docker launcher against a real engine and an image holding the task runtime (dispatcher.images).
 
 The task network must let a task reach its allowed endpoints (through the egress) and nothing else:
 not the host's ports (through the bridge addresses), not the allowed endpoints directly, not the internet.
@@ -21,23 +21,31 @@ from contract import aws, keys
 from contract.models import AttemptLimits, AttemptRef, HarnessRef, Job, ModelRef
 
 ROOT = Path(__file__).resolve().parents[2]
-IMAGE = os.environ.get("EVALPLANE_HARNESS_IMAGE", "evalplane/harness:test")
+IMAGE = "evalplane/launcher-test:runtime"  # the task runtime with the task's entrypoint, on a bare bullseye
 
 docker = pytest.importorskip("docker")
 
 
 @pytest.fixture(scope="session")
 def engine():
-    """A Docker engine and the harness image built from this tree; in CI a missing engine fails, never skips."""
-    up = subprocess.run([str(ROOT / "scripts/docker.sh"), "up"], capture_output=True, text=True)
-    if up.returncode != 0:
-        msg = f"no Docker engine: {up.stderr[-2000:]}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
-    build = subprocess.run([str(ROOT / "images/harness/build.sh"), IMAGE], capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr[-4000:]
-    return docker.from_env()
+    """A Docker engine and the task runtime built from this tree; in CI a missing engine fails, never skips."""
+    for args in (["up"], ["base", "bullseye"]):
+        up = subprocess.run([str(ROOT / "scripts/docker.sh"), *args], capture_output=True, text=True)
+        if up.returncode != 0:
+            msg = f"no Docker engine: {up.stderr[-2000:]}"
+            if os.environ.get("CI") == "true":
+                pytest.fail(msg)
+            pytest.skip(msg)
+    import io
+
+    from contract import task_shape
+    from dispatcher.images import build_runtime
+
+    client = docker.from_env(timeout=900)
+    runtime = build_runtime(client, "mini-swe-agent")
+    dockerfile = f"FROM {runtime.tag}\nENTRYPOINT {json.dumps(task_shape.ENTRYPOINT)}\n"
+    client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=IMAGE, rm=True, pull=False)
+    return client
 
 
 class Upstream(BaseHTTPRequestHandler):
@@ -66,7 +74,7 @@ def launcher(engine, moto_endpoint, valkey_url, unique, tmp_path):
     up_url = f"http://127.0.0.1:{upstream.server_address[1]}"
     env = {"AWS_ENDPOINT_URL": moto_endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "AWS_DEFAULT_REGION": "us-east-1", "EVALPLANE_UPSTREAM_KEY": "sk-test"}
-    lau = DockerLauncher(env, [up_url, moto_endpoint, valkey_url], image=IMAGE, network=f"ep-{unique}",
+    lau = DockerLauncher(env, [up_url, moto_endpoint, valkey_url], network=f"ep-{unique}",
                          log_dir=tmp_path / "logs", client=engine)
     lau.upstream_url, lau.allowed = up_url, [up_url, moto_endpoint, valkey_url]
     yield lau
@@ -153,9 +161,9 @@ def test_real_harness_task_fetches_its_job_and_reports_through_the_egress(launch
     uri = f"s3://{unique}/runs/{unique}/jobs/demo.json"
     aws.put_text(uri, job.model_dump_json())
 
-    handle = launcher.launch(ref, uri)
+    handle = launcher.launch(ref, uri, IMAGE)
     assert launcher.find_running(unique) == [handle] or launcher.poll(handle) is not None
-    assert launcher.launch(ref, uri).task_id == handle.task_id or launcher.poll(handle) is not None
+    assert launcher.launch(ref, uri, IMAGE).task_id == handle.task_id or launcher.poll(handle) is not None
     c = engine.containers.get(handle.task_id)
     assert c.attrs["Config"]["Cmd"] == [uri]  # the job reference and nothing else
     assert c.labels["evalplane.attempt"] == "1" and c.labels["evalplane.run"] == unique
@@ -185,7 +193,7 @@ def test_stop_and_find_running_after_a_restart(launcher, engine, unique):
                               labels={"evalplane.role": "task", "evalplane.run": unique,
                                       "evalplane.instance": ref.instance_id, "evalplane.attempt": "2"})
     egress_id = engine.containers.get(launcher.egress.egress_name).id
-    again = DockerLauncher({}, launcher.allowed, image=IMAGE, network=launcher.egress.name, client=engine)
+    again = DockerLauncher({}, launcher.allowed, network=launcher.egress.name, client=engine)
     try:
         found = again.find_running(unique)
         assert [(h.ref, h.task_id) for h in found] == [(ref, c.id)]

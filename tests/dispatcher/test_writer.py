@@ -190,3 +190,27 @@ def test_a_result_whose_rows_are_refused_still_lands_its_attempt(run, pg):
     left = aws.client("sqs").get_queue_attributes(QueueUrl=res.results_queue_url, AttributeNames=[
         "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
     assert int(left["ApproximateNumberOfMessages"]) + int(left["ApproximateNumberOfMessagesNotVisible"]) == 1
+
+
+def test_infrastructure_failures_land_as_such_never_graded_nor_as_empty_patches(run, pg):
+    """A task that failed before the agent could work (no checkout), or whose upstream refused past every retry
+    (with a patch on disk), lands INFRA_ERROR: not EMPTY_PATCH, never sent to the grader; an eval verdict of
+    infra_error likewise."""
+    res, writer = run
+    setup, limited, graded = (AttemptRef(run=res.run, instance_id=f"a__b-{i}", attempt=1) for i in (20, 21, 22))
+    for ref in (limited, graded):
+        job_for(res, ref)
+        aws.put_text(res.artifacts_prefix(ref) + "patch.diff", "diff --git a/x b/x\n")
+    failed = result(setup, 0).model_copy(update={"outcome": HarnessOutcome.INFRA_ERROR, "error": "setup failed: x"})
+    rate = result(limited, 20, res.artifacts_prefix(limited) + "patch.diff").model_copy(
+        update={"outcome": HarnessOutcome.INFRA_ERROR, "error": "rate_limited: upstream"})
+    send_all(res, [failed, rate, result(graded, 20, res.artifacts_prefix(graded) + "patch.diff")])
+    drain(writer)
+    assert [j.ref for j in eval_jobs(res)] == [graded]
+    t = utcnow()
+    send_all(res, [Verdict(ref=graded, outcome=EvalOutcome.INFRA_ERROR, resolved=False, reason="environment_broken",
+                           report={"infra_failure": True, "infra_failure_reason": "environment_broken"},
+                           started_at=t, ended_at=t)])
+    drain(writer)
+    rows = dict(pg.execute("SELECT instance_id, status FROM attempts WHERE run=%s", (res.run,)).fetchall())
+    assert rows == {"a__b-20": "INFRA_ERROR", "a__b-21": "INFRA_ERROR", "a__b-22": "INFRA_ERROR"}

@@ -1,6 +1,10 @@
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -10,3 +14,35 @@ def env(tmp_path, database_url, valkey_url, moto_endpoint):
         "DATABASE_URL": database_url, "VALKEY_URL": valkey_url, "AWS_ENDPOINT_URL": moto_endpoint,
         "EVALPLANE_STATE_DIR": str(tmp_path / "state"), "RAY_USAGE_STATS_ENABLED": "0",
     }
+
+
+def _unavailable(msg: str):
+    if os.environ.get("CI") == "true":
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def docker_engine():
+    """A Docker engine and the base images (scripts/docker.sh); under CI a missing engine fails, never skips."""
+    for args in (["up"], ["base", "bullseye"]):
+        p = subprocess.run([str(ROOT / "scripts/docker.sh"), *args], capture_output=True, text=True)
+        if p.returncode != 0:
+            _unavailable(f"scripts/docker.sh {' '.join(args)} failed: {p.stderr[-2000:]}")
+    import docker
+
+    return docker.from_env(timeout=600)
+
+
+@pytest.fixture(scope="session")
+def local_registry(docker_engine, tmp_path_factory):
+    """A private registry on loopback (scripts/registry.sh: Debian's docker-registry) on a port of this session."""
+    from tests.conftest import free_port
+
+    port = str(free_port())
+    env = os.environ | {"EVALPLANE_STATE_DIR": str(tmp_path_factory.mktemp("registry"))}
+    p = subprocess.run([str(ROOT / "scripts/registry.sh"), "up", port], capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        _unavailable(f"scripts/registry.sh up failed: {p.stderr[-2000:]}")
+    yield p.stdout.strip()
+    subprocess.run([str(ROOT / "scripts/registry.sh"), "down", port], env=env)

@@ -1,11 +1,11 @@
-"""End to end with containers: harness tasks in Docker behind the egress (docker launcher), grading in
-SWE-bench-shaped instance images through the official run_instance (docker eval backend), and the
-dispatcher refusing instances whose image has no valid gold validation."""
+"""End to end with containers: every attempt in its own task image (its instance's image plus the task runtime,
+built by `python -m dispatcher images`) behind the egress (docker launcher), grading in the SWE-bench-shaped
+instance images through the official run_instance (docker eval backend), and the dispatcher refusing instances
+whose image has no valid gold validation."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,17 +19,11 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def images():
-    """The Docker engine, the harness image and the synthetic instances' images (built once, cached)."""
-    engine = subprocess.run([str(ROOT / "scripts/docker.sh"), "up"], capture_output=True, text=True)
-    if engine.returncode != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"no Docker engine could be started under CI: {engine.stderr[-2000:]}")
-        pytest.skip(f"no Docker engine: {engine.stderr[-500:]}")
-    for cmd in ([str(ROOT / "images/harness/build.sh")],
-                [sys.executable, str(ROOT / "images/swebench/build.py"), "--dataset", str(SYNTHETIC / "instances.jsonl")]):
-        p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-        assert p.returncode == 0, p.stderr[-3000:]
+def images(docker_engine):
+    """The synthetic instances' SWE-bench-shaped images (built once, cached)."""
+    p = subprocess.run([sys.executable, str(ROOT / "images/swebench/build.py"), "--dataset",
+                        str(SYNTHETIC / "instances.jsonl")], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
 
 
 def docker_spec(tmp_path: Path, run: str, validated: str) -> Path:
@@ -43,6 +37,8 @@ def docker_spec(tmp_path: Path, run: str, validated: str) -> Path:
 
 def test_docker_tasks_and_official_grading_end_to_end(images, tmp_path, env, database_url, unique):
     spec = docker_spec(tmp_path, unique, "refuse")
+    built = dispatcher(env, "images", str(spec), timeout=2400)  # the task images, in the local engine
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-3000:]
     # Nothing validated yet: the dispatcher refuses, and writes nothing.
     p = dispatcher(env, "run", str(spec))
     assert p.returncode == 2 and "eval.require_validated" in p.stderr, p.stderr[-2000:]

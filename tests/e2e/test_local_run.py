@@ -174,3 +174,24 @@ def test_cancel_stops_the_run_and_lands_every_attempt(tmp_path, env, database_ur
     assert "CANCELLED" in got["status"].values()
     assert got["calls"][0] == got["calls"][1]
     assert dispatcher(env, "cancel", str(spec)).returncode == 1  # nothing running to cancel
+
+
+def test_an_attempt_that_cannot_set_up_is_an_infrastructure_failure_not_an_empty_patch(tmp_path, env, database_url,
+                                                                                      unique):
+    """Its base commit is not in the repository's bundle, so the task fails before the agent can work: the row is
+    INFRA_ERROR, and the official report lists it in infra_failure_ids, never in empty_patch_ids."""
+    row = instances()[1]
+    row = {**row, "instance_id": "evalplane__calc-9", "base_commit": "f" * 40}
+    (tmp_path / "broken.jsonl").write_text(json.dumps(row) + "\n")
+    spec = write_spec(tmp_path, unique)
+    spec.write_text(spec.read_text().replace(f'dataset = "{SYNTHETIC}/instances.jsonl"',
+                                             f'dataset = "{tmp_path}/broken.jsonl"'))
+    p = dispatcher(env, "run", str(spec), "--out", str(tmp_path / "out"))
+    assert p.returncode == 0, p.stderr[-4000:]
+    with psycopg.connect(database_url) as conn:
+        got = conn.execute("SELECT outcome, status, error FROM attempts WHERE run = %s", (unique,)).fetchall()
+    assert len(got) == 1 and got[0][:2] == ("infra_error", "INFRA_ERROR"), got
+    assert "f" * 40 in got[0][2]
+    report = json.loads((tmp_path / "out" / f"gpt-4o-mini.{unique}.json").read_text())
+    assert report["infra_failure_ids"] == ["evalplane__calc-9"] and report["empty_patch_ids"] == []
+    assert report["unresolved_ids"] == [] and report["failure_reasons"] == {"evalplane__calc-9": "setup_failed"}

@@ -1,0 +1,405 @@
+"""Task images: what each attempt runs in. `python -m dispatcher images spec.toml` builds what a spec needs.
+
+A task image is the instance's own image (the official `swebench/sweb.eval.*` image or its mirror, by digest; for
+tests and the demo, the SWE-bench-shaped stand-ins eval_worker.images builds) with two layers on top:
+
+  1. the task runtime under contract.task_shape.RUNTIME_PREFIX: its own CPython built on bullseye, the task runner,
+     the shim and the harness (images/task/Dockerfile.runtime). Nothing goes into the instance's environment, and
+     the instance's Python version does not matter. The layer is the same bytes in every task image, so a registry
+     stores it once and a host pulls it once;
+  2. /testbed pruned at the base commit (harness/prune_history.sh): no later commit, branch, tag, remote or reflog.
+     Empty when the instance image is already pruned, as the official ones are.
+
+Each image is keyed by its inputs (the instance image's digest, the runtime's sources and requirements, the
+layer's recipe): an image whose inputs did not change is reused, never rebuilt. Built images are pushed to the
+registry the spec names (`[images] registry`; on AWS the estate's ECR) and recorded in PostgreSQL (task_images),
+so launchers run them by digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import docker
+import docker.errors
+import psycopg
+
+from contract import task_shape
+
+log = logging.getLogger("evalplane.images")
+
+ROOT = Path(__file__).resolve().parents[1]
+TASK_DIR = ROOT / "images" / "task"
+RUNTIME_PACKAGES = ("contract", "harness", "shim")  # what the runtime carries of this project
+RUNTIME_PYTHON = "3.11.2"  # Debian bookworm's python3.11 source package, which Dockerfile.runtime builds
+RUNTIME_REPOSITORY = "evalplane/task-runtime"
+TASK_REPOSITORY = "evalplane/task"
+WHEEL_PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "linux_x86_64", "any")
+
+
+class ImageProblem(Exception):
+    """One instance's task image cannot be made; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class Runtime:
+    tag: str
+    image_id: str
+    inputs: str
+    built: bool
+    build_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TaskImage:
+    instance_id: str
+    harness: str
+    inputs: str
+    registry: str  # "" = the local engine only
+    ref: str  # what launchers run: <registry>/<repository>@sha256:... or the local image id
+    image_id: str
+    instance_image: str
+    runtime_image: str
+    size_bytes: int
+    layer_bytes: int
+    build_s: float
+    built: bool = False  # built now (False: reused)
+
+
+def _sha(*parts: bytes | str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode() if isinstance(p, str) else p)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _runtime_files() -> list[Path]:
+    files = [TASK_DIR / "Dockerfile.runtime", TASK_DIR / "collect_libs.sh", TASK_DIR / "requirements.txt"]
+    for pkg in RUNTIME_PACKAGES:
+        files += sorted(p for p in (ROOT / pkg).rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                        and p.suffix in (".py", ".sh", ".sql", ".json", ".yaml"))
+    return files
+
+
+def _constraints() -> str:
+    """requirements.lock's pins (the runtime installs the same versions the project is tested with)."""
+    lines = (ROOT / "requirements.lock").read_text().splitlines()
+    return "".join(ln + "\n" for ln in lines if re.match(r"^[A-Za-z0-9_.-]+(\[[^]]*\])?==", ln))
+
+
+def runtime_inputs(harness: str) -> str:
+    """Everything the runtime image is made of, hashed: no Docker needed to know whether it changed."""
+    parts: list[bytes | str] = [harness, RUNTIME_PYTHON, _constraints()]
+    for f in _runtime_files():
+        parts += [str(f.relative_to(ROOT)), f.read_bytes()]
+    return _sha(*parts)
+
+
+def _wheels(dest: Path) -> None:
+    """The runtime's wheels, downloaded on this host (containers here reach no package index over TLS), cached."""
+    cache = ROOT / ".state" / "wheels" / "task-runtime"
+    cache.mkdir(parents=True, exist_ok=True)
+    plat = [a for p in WHEEL_PLATFORMS for a in ("--platform", p)]
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version",
+                    RUNTIME_PYTHON, *plat, "-c", str(dest.parent / "constraints.txt"), "-r",
+                    str(TASK_DIR / "requirements.txt"), "pip", "-d", str(cache)],
+                   check=True, stdin=subprocess.DEVNULL)
+    shutil.copytree(cache, dest)
+
+
+def _build(client: docker.DockerClient, ctx: Path, tag: str, dockerfile: str, buildargs: dict, labels: dict):
+    try:
+        image, _ = client.images.build(path=str(ctx), dockerfile=dockerfile, tag=tag, buildargs=buildargs,
+                                       labels=labels, rm=True, forcerm=True, pull=False)
+        return image
+    except docker.errors.BuildError as e:
+        lines = "".join(c.get("stream", "") or c.get("error", "") for c in e.build_log if isinstance(c, dict))
+        raise ImageProblem(f"building {tag} failed: {e}\n{lines[-3000:]}") from e
+
+
+def _image_id(client: docker.DockerClient, name: str) -> str | None:
+    try:
+        return client.images.get(name).id
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def _remove_superseded(client: docker.DockerClient, labels: dict[str, str], keep: str) -> None:
+    """Older builds of the same thing (same labels, other inputs) leave the local engine: a host that builds every
+    day would otherwise fill its disk. An image a container still uses stays."""
+    for image in client.images.list(filters={"label": [f"{k}={v}" for k, v in labels.items()]}):
+        if image.id != keep:
+            try:
+                client.images.remove(image.id, force=False, noprune=False)
+            except docker.errors.APIError:
+                pass
+
+
+def build_runtime(client: docker.DockerClient, harness: str, force: bool = False) -> Runtime:
+    """The runtime image for `harness` (built once per inputs; the CPython stage is cached by Docker)."""
+    inputs = runtime_inputs(harness)
+    tag = f"{RUNTIME_REPOSITORY}:{harness}-{inputs[:16]}"
+    if not force and (found := _image_id(client, tag)):
+        return Runtime(tag, found, inputs, built=False)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ep-runtime-") as tmp:
+        ctx = Path(tmp)
+        for name in ("Dockerfile.runtime", "collect_libs.sh", "requirements.txt"):
+            shutil.copy(TASK_DIR / name, ctx / name)
+        (ctx / "constraints.txt").write_text(_constraints())
+        _wheels(ctx / "wheels")
+        for f in _runtime_files():
+            rel = f.relative_to(ROOT)
+            if rel.parts[0] in RUNTIME_PACKAGES:
+                (ctx / "src" / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(f, ctx / "src" / rel)
+        image = _build(client, ctx, tag, "Dockerfile.runtime", {"PREFIX": task_shape.RUNTIME_PREFIX},
+                       {f"{task_shape.LABEL_PREFIX}.runtime_inputs": inputs,
+                        f"{task_shape.LABEL_PREFIX}.runtime": harness})
+    _remove_superseded(client, {f"{task_shape.LABEL_PREFIX}.runtime": harness}, image.id)
+    log.info("built runtime %s in %.0f s", tag, time.monotonic() - t0)
+    return Runtime(tag, image.id, inputs, built=True, build_s=time.monotonic() - t0)
+
+
+def task_dockerfile() -> str:
+    """The task image's recipe: FROM the instance image, the runtime copied in, /testbed pruned."""
+    p = task_shape.RUNTIME_PREFIX
+    return "\n".join([
+        "ARG RUNTIME_IMAGE",
+        "ARG INSTANCE_IMAGE",
+        "FROM ${RUNTIME_IMAGE} AS runtime",
+        "FROM ${INSTANCE_IMAGE}",
+        "ARG BASE_COMMIT",
+        f"COPY --from=runtime {p} {p}",
+        f'RUN test -n "$BASE_COMMIT" && {p}/bin/prune-history {task_shape.TESTBED} "$BASE_COMMIT"',
+        f"ENTRYPOINT {json.dumps(task_shape.ENTRYPOINT)}",
+        "CMD []",
+        "",
+    ])
+
+
+def task_inputs(runtime: Runtime, instance_image: str, row: dict) -> str:
+    return _sha(runtime.inputs, instance_image, row["base_commit"], task_dockerfile())
+
+
+def task_tag(instance_id: str, harness: str, inputs: str, repository: str = TASK_REPOSITORY) -> str:
+    """<repository>:<harness>.<instance>.<inputs>; a tag allows [A-Za-z0-9_.-], at most 128 of them."""
+    iid = re.sub(r"[^A-Za-z0-9_.-]", "_", instance_id)
+    return f"{repository}:" + f"{harness}.{iid[:100]}.{inputs[:12]}"[:128]
+
+
+# ------------------------------------------------------------------------------ records
+
+_COLS = ("instance_id", "harness", "inputs", "registry", "ref", "image_id", "instance_image", "runtime_image",
+         "size_bytes", "layer_bytes", "build_s")
+
+
+def record(conn: psycopg.Connection, t: TaskImage) -> None:
+    row = {k: v for k, v in asdict(t).items() if k in _COLS}
+    conn.execute(
+        f"INSERT INTO task_images ({', '.join(_COLS)}) VALUES ({', '.join(['%s'] * len(_COLS))}) "
+        "ON CONFLICT (instance_id, harness, inputs, registry) DO UPDATE SET "
+        + ", ".join(f"{c} = EXCLUDED.{c}" for c in _COLS[4:]) + ", built_at = now()",
+        [row[c] for c in _COLS])
+    conn.commit()
+
+
+def recorded(conn: psycopg.Connection, instance_id: str, harness: str, inputs: str, registry: str) -> TaskImage | None:
+    r = conn.execute(f"SELECT {', '.join(_COLS)} FROM task_images WHERE instance_id = %s AND harness = %s"
+                     " AND inputs = %s AND registry = %s", (instance_id, harness, inputs, registry)).fetchone()
+    conn.commit()
+    return TaskImage(**dict(zip(_COLS, r))) if r else None
+
+
+def latest(conn: psycopg.Connection, instance_ids: list[str], harness: str, registry: str) -> dict[str, TaskImage]:
+    """Each instance's newest recorded task image (what a run uses where it cannot compute inputs itself)."""
+    rows = conn.execute(
+        f"SELECT DISTINCT ON (instance_id) {', '.join(_COLS)} FROM task_images WHERE instance_id = ANY(%s)"
+        " AND harness = %s AND registry = %s ORDER BY instance_id, built_at DESC",
+        (instance_ids, harness, registry)).fetchall()
+    conn.commit()
+    return {r[0]: TaskImage(**dict(zip(_COLS, r))) for r in rows}
+
+
+# ------------------------------------------------------------------------------ building
+
+
+def _present(client: docker.DockerClient, t: TaskImage) -> bool:
+    """Still runnable: in the registry (by digest) or, without one, in the local engine."""
+    try:
+        if t.registry:
+            client.images.get_registry_data(t.ref)
+        else:
+            client.images.get(t.ref)
+        return True
+    except docker.errors.NotFound:
+        return False
+    except docker.errors.APIError as e:  # the registry does not answer: not evidence the image is gone
+        raise ImageProblem(f"registry {t.registry} unreachable: {e}") from e
+
+
+def _from_ref(client: docker.DockerClient, ref: str) -> str:
+    """A name FROM accepts for an instance image pinned by local image id (FROM takes no bare id)."""
+    if not ref.startswith("sha256:"):
+        return ref
+    name = f"evalplane/instance-pinned:{ref.split(':', 1)[1][:32]}"
+    client.images.get(ref).tag(name)
+    return name
+
+
+def build_task_image(client: docker.DockerClient, conn: psycopg.Connection, row: dict, harness: str,
+                     runtime: Runtime, instance_image: str, registry: str = "", force: bool = False,
+                     repository: str = TASK_REPOSITORY) -> TaskImage:
+    """The task image of one instance: reused when its inputs are recorded and the image is still there."""
+    iid = row["instance_id"]
+    inputs = task_inputs(runtime, instance_image, row)
+    rec = recorded(conn, iid, harness, inputs, registry)
+    if rec is not None and not force and _present(client, rec):
+        return rec
+    tag = task_tag(iid, harness, inputs, repository)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ep-task-") as tmp:
+        (Path(tmp) / "Dockerfile").write_text(task_dockerfile())
+        image = _build(client, Path(tmp), tag, "Dockerfile", {
+            "RUNTIME_IMAGE": runtime.tag, "INSTANCE_IMAGE": _from_ref(client, instance_image),
+            "BASE_COMMIT": row["base_commit"]}, {
+            f"{task_shape.LABEL_PREFIX}.instance_id": iid, f"{task_shape.LABEL_PREFIX}.harness": harness,
+            f"{task_shape.LABEL_PREFIX}.task_inputs": inputs})
+    build_s = time.monotonic() - t0
+    _remove_superseded(client, {f"{task_shape.LABEL_PREFIX}.instance_id": iid,
+                                f"{task_shape.LABEL_PREFIX}.harness": harness}, image.id)
+    base_size = client.images.get(instance_image).attrs["Size"]
+    ref = image.id
+    if registry:
+        from eval_worker.mirror import MirrorError, push_image
+
+        try:
+            ref = push_image(client, tag, registry, pull=False).ref
+        except MirrorError as e:
+            raise ImageProblem(str(e)) from e
+    t = TaskImage(iid, harness, inputs, registry, ref, image.id, instance_image, runtime.image_id,
+                  image.attrs["Size"], image.attrs["Size"] - base_size, round(build_s, 3), built=True)
+    record(conn, t)
+    log.info("built %s (%s) in %.1f s", tag, ref, build_s)
+    return t
+
+
+def resolve_instance_image(client: docker.DockerClient, row: dict, *, database_url: str | None,
+                           instance_registry: str | None, repos_dir: str | None) -> str:
+    """The instance's image by digest (mirror record, validation record, or the local image's id). Where there is
+    none and a repository bundle is at hand, a SWE-bench-shaped stand-in is built from it (eval_worker.images)."""
+    from eval_worker.pinning import ImageResolver, ImageUnavailable
+
+    resolver = ImageResolver(database_url, instance_registry)
+    try:
+        return resolver.resolve(client, row).ref
+    except ImageUnavailable as first:
+        from eval_worker.images import build_image, repo_bundle
+
+        if instance_registry or not repos_dir or not repo_bundle(row, repos_dir).is_file():
+            where = f"mirrored to {instance_registry}" if instance_registry else "in the local engine"
+            raise ImageProblem(f"no image for {row['instance_id']}: {row['image']} is not {where} ({first}); "
+                               "mirror the official image (python -m eval_worker mirror) or name "
+                               "[images] instance_registry") from None
+        log.info("%s: building a SWE-bench-shaped stand-in for %s from %s", row["instance_id"], row["image"],
+                 repo_bundle(row, repos_dir))
+        build_image(row, repos_dir=repos_dir, client=client)
+        return resolver.resolve(client, row).ref
+
+
+def ensure_task_images(rows: list[dict], harness: str, conn: psycopg.Connection, *, registry: str = "",
+                       repository: str = TASK_REPOSITORY, instance_registry: str | None = None,
+                       repos_dir: str | None = None,
+                       database_url: str | None = None, force: bool = False,
+                       client: docker.DockerClient | None = None,
+                       on_image: Callable[[TaskImage], None] | None = None
+                       ) -> tuple[dict[str, TaskImage], dict[str, str]]:
+    """Every row's task image, built where missing. Returns (images, problems), both by instance id."""
+    client = client or docker.from_env(timeout=600)
+    runtime = build_runtime(client, harness, force=force)
+    images: dict[str, TaskImage] = {}
+    problems: dict[str, str] = {}
+    for row in rows:
+        iid = row["instance_id"]
+        try:
+            base = resolve_instance_image(client, row, database_url=database_url,
+                                          instance_registry=instance_registry, repos_dir=repos_dir)
+            images[iid] = build_task_image(client, conn, row, harness, runtime, base, registry, force, repository)
+        except ImageProblem as e:
+            problems[iid] = str(e)
+            continue
+        if on_image:
+            on_image(images[iid])
+    return images, problems
+
+
+# ------------------------------------------------------------------------------ a spec's images
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a spec's task images go: a registry (and repository), or the local engine only."""
+
+    registry: str
+    repository: str
+    instance_registry: str | None
+
+
+def target(spec) -> Target:
+    """The spec's registry, or on AWS the estate's ECR repository (the build tier pushes there)."""
+    if spec.backend.kind == "aws":
+        from dispatcher.launchers.stack_outputs import StackOutputs
+
+        url = StackOutputs.load(spec.backend.stack_outputs).task_images_repository_url  # <registry>/<repository>
+        host, _, repo = url.partition("/")
+        return Target(host, repo, spec.images.instance_registry)
+    return Target(spec.images.registry or "", spec.images.repository, spec.images.instance_registry)
+
+
+def for_plan(plan, conn: psycopg.Connection, *, build: bool, force: bool = False,
+             on_image: Callable[[TaskImage], None] | None = None) -> tuple[dict[str, TaskImage], dict[str, str]]:
+    """The plan's task images, by instance id, and what is missing for the others. build=False only looks them up
+    (AWS runs: the build tier built them; `validate`): an image counts where its current inputs are recorded."""
+    from contract import db
+
+    spec, rows = plan.spec, list(plan.rows.values())
+    t = target(spec)
+    if build:
+        return ensure_task_images(rows, spec.harness.name, conn, registry=t.registry, repository=t.repository,
+                                  instance_registry=t.instance_registry, repos_dir=spec.instances.repos,
+                                  database_url=db.database_url(), force=force, on_image=on_image)
+    from eval_worker import records
+
+    runtime = Runtime(tag="", image_id="", inputs=runtime_inputs(spec.harness.name), built=False)
+    images: dict[str, TaskImage] = {}
+    problems: dict[str, str] = {}
+    for row in rows:
+        iid = row["instance_id"]
+        base = row["image"] if "@sha256:" in row["image"] else None
+        if base is None and t.instance_registry:
+            m = records.mirror_record(conn, row["image"], t.instance_registry)
+            base = m.ref if m else None
+        if base is None:
+            problems[iid] = (f"no image: {row['image']} is not mirrored to {t.instance_registry}"
+                             if t.instance_registry else f"no image: {row['image']} is not pinned by digest and "
+                             "[images] instance_registry is not set")
+            continue
+        rec = recorded(conn, iid, spec.harness.name, task_inputs(runtime, base, row), t.registry)
+        if rec is None:
+            problems[iid] = (f"no task image in {t.registry or 'the local engine'} for these inputs: build it with "
+                             "`python -m dispatcher images SPEC` (on AWS, on the build tier)")
+            continue
+        images[iid] = rec
+    return images, problems

@@ -1,0 +1,128 @@
+"""Task images built by the build verb (`python -m dispatcher images`): one per instance, FROM its instance image plus
+the runtime layer, pushed to a registry by digest, reused when nothing changed; and inside each, nothing the agent
+can reach says what came after the base commit. The checks read the image with git itself, not the prune script."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_local_run import SYNTHETIC, dispatcher, instances, write_spec
+
+from contract import task_shape
+
+pytestmark = pytest.mark.e2e
+
+
+def images_spec(tmp_path: Path, run: str, registry: str) -> Path:
+    spec = write_spec(tmp_path, run)
+    text = spec.read_text().replace('kind = "local"', 'kind = "local"\nlauncher = "docker"')
+    spec.write_text(text + f'\n[images]\nregistry = "{registry}"\n')
+    return spec
+
+
+@pytest.fixture(scope="module")
+def built(docker_engine, local_registry, tmp_path_factory, database_url, valkey_url, moto_endpoint):
+    import os
+
+    env = os.environ | {"DATABASE_URL": database_url}
+    tmp = tmp_path_factory.mktemp("images")
+    spec = images_spec(tmp, "images-e2e", local_registry)
+    first = dispatcher(env, "images", str(spec), timeout=2400)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    second = dispatcher(env, "images", str(spec), timeout=600)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    import psycopg
+
+    with psycopg.connect(database_url) as conn:
+        refs = dict(conn.execute("SELECT DISTINCT ON (instance_id) instance_id, ref FROM task_images"
+                                 " WHERE registry = %s ORDER BY instance_id, built_at DESC", (local_registry,)))
+    return first.stdout, second.stdout, refs
+
+
+def sh(image: str, script: str) -> str:
+    p = subprocess.run(["docker", "run", "--rm", "--entrypoint", "bash", image, "-c", script],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return p.stdout
+
+
+def test_every_instance_gets_its_task_image_once(built, local_registry):
+    first, second, refs = built
+    n = len(instances())
+    assert re.search(rf"\b{n} built, 0 reused, 0 missing\b", first), first[-2000:]
+    assert re.search(rf"\b0 built, {n} reused, 0 missing\b", second), second[-2000:]  # nothing rebuilt
+    assert set(refs) == {r["instance_id"] for r in instances()}
+    for ref in refs.values():
+        assert ref.startswith(f"{local_registry}/evalplane/task@sha256:"), ref  # run by digest, from the registry
+
+
+def test_a_task_image_is_its_instance_image_plus_the_runtime(built, docker_engine):
+    row = instances()[0]
+    ref = built[2][row["instance_id"]]
+    task = docker_engine.images.get(ref)
+    base = docker_engine.images.get(row["image"])
+    assert task.attrs["RootFS"]["Layers"][:len(base.attrs["RootFS"]["Layers"])] == base.attrs["RootFS"]["Layers"]
+    assert task.attrs["Config"]["Entrypoint"] == task_shape.ENTRYPOINT
+    # the runtime's own Python, and nothing of it in the instance's environment
+    out = sh(ref, f"{task_shape.PYTHON} -c 'import harness.task, shim.server, minisweagent, sys; print(sys.version)'"
+                  " && /opt/miniconda3/envs/testbed/bin/python -m pip freeze")
+    assert out.startswith("3.11")
+    freeze_base = subprocess.run(["docker", "run", "--rm", "--entrypoint", "bash", row["image"], "-c",
+                                  "/opt/miniconda3/envs/testbed/bin/python -m pip freeze"],
+                                 capture_output=True, text=True, check=True).stdout
+    assert out.split("\n", 1)[1] == freeze_base
+
+
+INSPECT = r"""
+set -e
+cd /testbed
+echo "HEAD $(git rev-parse HEAD)"
+git cat-file --batch-all-objects --batch-check='OBJ %(objecttype) %(objectname)'
+git for-each-ref --format='REF %(refname) %(objectname) %(*objectname)'
+for r in $(git remote); do echo "REMOTE $r"; done
+git stash list | sed 's/^/STASH /'
+if [ -d .git/logs ]; then find .git/logs -type f -size +0c | sed 's/^/REFLOG /'; fi
+for f in FETCH_HEAD ORIG_HEAD objects/info/alternates; do [ ! -e .git/$f ] || echo "FILE $f"; done
+git config --get-regexp '^remote\.' | sed 's/^/CONFIG /' || true
+"""
+
+
+def test_nothing_after_the_base_commit_is_reachable_in_any_task_image(built):
+    for row in instances():
+        ref, base = built[2][row["instance_id"]], row["base_commit"]
+        lines = sh(ref, INSPECT).splitlines()
+        kinds = {tag: [ln.split()[1:] for ln in lines if ln.startswith(tag + " ")]
+                 for tag in ("HEAD", "OBJ", "REF", "REMOTE", "STASH", "REFLOG", "FILE", "CONFIG")}
+        assert kinds["HEAD"] == [[base]], row["instance_id"]
+        assert not any(kinds[k] for k in ("REMOTE", "STASH", "REFLOG", "FILE", "CONFIG")), (row["instance_id"], kinds)
+        commits = [sha for kind, sha in kinds["OBJ"] if kind == "commit"]
+        # every commit object in the store is the base or one of its ancestors
+        check = " ".join(f"git merge-base --is-ancestor {c} {base} || echo LATER {c};" for c in commits)
+        assert "LATER" not in sh(ref, f"cd /testbed && {check}"), row["instance_id"]
+        for r in kinds["REF"]:
+            assert r[0].startswith(("refs/tags/", "refs/heads/")), r
+            commit = r[2] if len(r) > 2 else r[1]  # an annotated tag's commit, or the ref's own
+            assert commit in commits, f"{row['instance_id']}: {r[0]} points past the base commit"
+
+
+def test_the_instances_tags_before_the_base_survive(built):
+    """A repository that versions itself from its tags (setuptools_scm, as pytest and astropy do) still installs at
+    its real version in the task image: the agent's own `pip install -e .` works as it did upstream."""
+    scm = 0
+    for row in instances():
+        ref = built[2][row["instance_id"]]
+        out = sh(ref, "cd /testbed && if grep -q setuptools_scm pyproject.toml setup.cfg setup.py 2>/dev/null; then "
+                      f"git describe --tags --abbrev=0 && {task_shape.CONDA_ACTIVATE} && python -m pip install -q -e . "
+                      "&& python -m pip list --editable --format=json; fi")
+        if not out.strip():
+            continue
+        scm += 1
+        tag, listing = out.split("\n", 1)
+        versions = [p["version"] for p in json.loads(listing)]
+        assert versions and all(v.lstrip("v").startswith(tag.lstrip("v").rsplit(".", 1)[0]) for v in versions), \
+            (row["instance_id"], tag, versions)
+    assert scm >= 1, "no synthetic instance versions itself from its tags"
