@@ -81,7 +81,7 @@ class SimLauncher:
                 self.valkey.expire(key, 600)
             self.done[task_id] = 0
 
-    def launch(self, ref: AttemptRef, job_uri: str) -> TaskHandle:
+    def launch(self, ref: AttemptRef, job_uri: str, image: str | None = None) -> TaskHandle:
         task_id = f"sim-{ref.instance_id}-{ref.attempt}"
         self.launched += 1
         with self.cv:

@@ -49,8 +49,6 @@ class EstateConfig:
     # images
     litellm_image: str = "ghcr.io/berriai/litellm"
     litellm_image_tag: str = "main-stable"
-    harness_image_tag: str = "latest-base"
-    shim_image_tag: str = "shim-latest"
     eval_worker_image_tag: str = "eval-worker-latest"
     judge_image_tag: str = "judge-latest"
     # gateway
@@ -77,6 +75,7 @@ class EstateConfig:
     build_instance_type: str = "m6i.2xlarge"
     build_max_instances: int = 4
     build_disk_gb: int = 1000
+    task_image_expiry_days: int = 90
     # guard and budget
     guard_schedule: str = "cron(0 2 * * ? *)"
     guard_timezone: str = "UTC"
@@ -92,6 +91,10 @@ class EstateConfig:
             raise ValueError("headroom must be >= 1.0")
         if self.aurora_max_acu < self.aurora_min_acu:
             raise ValueError("auroraMaxAcu must be >= auroraMinAcu")
+        if not 21 <= self.harness_ephemeral_gb <= 200:  # Fargate's range; the task image is pulled into it
+            raise ValueError("harnessEphemeralGb must be between 21 and 200 (Fargate)")
+        if self.task_image_expiry_days < 1:
+            raise ValueError("taskImageExpiryDays must be >= 1")
 
 
 def from_pulumi_config() -> EstateConfig:
@@ -139,8 +142,6 @@ def from_pulumi_config() -> EstateConfig:
         trajectory_expiry_days=i("trajectoryExpiryDays", d.trajectory_expiry_days),
         litellm_image=s("litellmImage", d.litellm_image),
         litellm_image_tag=s("litellmImageTag", d.litellm_image_tag),
-        harness_image_tag=s("harnessImageTag", d.harness_image_tag),
-        shim_image_tag=s("shimImageTag", d.shim_image_tag),
         eval_worker_image_tag=s("evalWorkerImageTag", d.eval_worker_image_tag),
         judge_image_tag=s("judgeImageTag", d.judge_image_tag),
         gateway_replicas=i("gatewayReplicas", d.gateway_replicas),
@@ -163,6 +164,7 @@ def from_pulumi_config() -> EstateConfig:
         build_instance_type=s("buildInstanceType", d.build_instance_type),
         build_max_instances=i("buildMaxInstances", d.build_max_instances),
         build_disk_gb=i("buildDiskGb", d.build_disk_gb),
+        task_image_expiry_days=i("taskImageExpiryDays", d.task_image_expiry_days),
         guard_schedule=s("guardSchedule", d.guard_schedule),
         guard_timezone=s("guardTimezone", d.guard_timezone),
         deadline_schedule=s("deadlineSchedule", d.deadline_schedule),

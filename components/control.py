@@ -10,6 +10,7 @@ import pulumi_aws as aws
 
 from components.common import (
     QUEUE_WORKER_ACTIONS,
+    TIER_TAG,
     account_id,
     child,
     ecr_pull_statements,
@@ -131,6 +132,7 @@ class HeadNodeArgs:
     eval_cluster_name: str
     eval_service_name: str
     task_families: list[str]  # RunTask is allowed for these families (any revision) only
+    registered_family: str  # the family the dispatcher registers task-image revisions in (the harness template's)
     pass_role_arns: list[pulumi.Input[str]]
     repo_arns: list[pulumi.Input[str]]
     secret_arns: list[pulumi.Input[str]]
@@ -170,6 +172,20 @@ class HeadNode(pulumi.ComponentResource):
                 ),
                 statement(
                     ["ecs:ListTasks"], "*", condition={"ArnEquals": {"ecs:cluster": clusters}}, sid="ListTasksIsClusterScoped"
+                ),
+                # one revision per task image, derived from the template (RunTask cannot override an image);
+                # the revisions carry the template's tier tag, which narrows the Resource-less registration
+                statement(["ecs:DescribeTaskDefinition"], "*", sid="DescribeTaskDefinitionHasNoResource"),
+                statement(
+                    ["ecs:RegisterTaskDefinition"],
+                    "*",
+                    condition={"StringEquals": {f"aws:RequestTag/{TIER_TAG}": "harness"}},
+                    sid="RegisterTaskDefinitionHasNoResource",
+                ),
+                statement(
+                    ["ecs:TagResource"],
+                    [ecs_arn("task-definition", f"{args.registered_family}:*")],
+                    condition={"StringEquals": {"ecs:CreateAction": "RegisterTaskDefinition"}},
                 ),
                 statement(
                     ["ecs:DescribeServices", "ecs:UpdateService"],
@@ -236,31 +252,71 @@ class HeadNode(pulumi.ComponentResource):
 
 
 # ------------------------------------------------------------------------------------- build tier
+TASK_IMAGES_REPOSITORY = "task-images"
+
+
 @dataclass(frozen=True)
 class BuildTierArgs:
     prefix: str
     subnet_ids: list[pulumi.Input[str]]
     sg_id: pulumi.Input[str]
-    repo_arns: list[pulumi.Input[str]]
+    repo_arns: list[pulumi.Input[str]]  # the State repositories, the instance mirror (eval-images) among them
+    aurora_secret_arn: pulumi.Input[str]  # the image build records task-image digests in PostgreSQL
+    key_arn: pulumi.Input[str]
     instance_type: str = "m6i.2xlarge"
     max_instances: int = 4
     disk_gb: int = 1000
+    task_image_expiry_days: int = 90
 
 
 class BuildTier(pulumi.ComponentResource):
-    """EC2 builders (min 0) that mirror the official per-instance images and build ours, pushing to ECR."""
+    """EC2 builders (min 0) that mirror the official per-instance images and build ours, pushing to ECR, and the
+    repository of task images (an instance's image plus the runtime layer; `python -m dispatcher images`)."""
 
     def __init__(self, name: str, args: BuildTierArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("evalplane:build:BuildTier", name, None, opts)
         p = args.prefix
         t = tags(p, "build")
+        self.task_images = aws.ecr.Repository(
+            f"{name}-task-images",
+            name=f"{p}/{TASK_IMAGES_REPOSITORY}",
+            image_tag_mutability="IMMUTABLE",
+            image_scanning_configuration={"scan_on_push": True},
+            encryption_configurations=[{"encryption_type": "AES256"}],
+            tags=tags(p, "registry"),
+            opts=child(self),
+        )
+        # Task images are rebuilt from their inputs whenever a spec needs them again, so old ones can go.
+        aws.ecr.LifecyclePolicy(
+            f"{name}-task-images-lifecycle",
+            repository=self.task_images.name,
+            policy=json.dumps(
+                {
+                    "rules": [
+                        {
+                            "rulePriority": 1,
+                            "description": f"expire task images pushed more than {args.task_image_expiry_days} days ago",
+                            "selection": {
+                                "tagStatus": "any",
+                                "countType": "sinceImagePushed",
+                                "countUnit": "days",
+                                "countNumber": args.task_image_expiry_days,
+                            },
+                            "action": {"type": "expire"},
+                        }
+                    ]
+                }
+            ),
+            opts=child(self),
+        )
+        repo_arns = [*args.repo_arns, self.task_images.arn]
         role = role_with_policy(
             self,
             f"{name}-role",
             "ec2.amazonaws.com",
             "build-instance",
             [
-                *ecr_pull_statements(args.repo_arns),
+                *ecr_pull_statements(repo_arns),
                 statement(
                     [
                         "ecr:CompleteLayerUpload",
@@ -269,8 +325,10 @@ class BuildTier(pulumi.ComponentResource):
                         "ecr:PutImage",
                         "ecr:UploadLayerPart",
                     ],
-                    args.repo_arns,
+                    repo_arns,
                 ),
+                statement(["secretsmanager:GetSecretValue"], [args.aurora_secret_arn]),
+                statement(["kms:Decrypt"], [args.key_arn]),
             ],
             t,
         )
@@ -304,4 +362,6 @@ class BuildTier(pulumi.ComponentResource):
             opts=child(self, ignore_changes=["desiredCapacity"]),
         )
         self.asg_name = self.asg.name
-        self.register_outputs({"asgName": self.asg_name})
+        self.task_images_repo_arn = self.task_images.arn
+        self.task_images_repo_url = self.task_images.repository_url
+        self.register_outputs({"asgName": self.asg_name, "taskImagesRepositoryUrl": self.task_images_repo_url})

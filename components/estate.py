@@ -46,6 +46,7 @@ OUTPUT_KEYS = (
     "gateway_master_key_secret_arn",
     "gateway_provider_keys_secret_arn",
     "harness_task_definition_arn",
+    "harness_upstream_key_secret_arn",
     "judge_task_definition_arn",
     "eval_task_definition_arn",
     "eval_service_name",
@@ -53,6 +54,7 @@ OUTPUT_KEYS = (
     "build_asg_name",
     "head_instance_id",
     "repository_urls",
+    "task_images_repository_url",
     "guard_function_name",
     "alerts_topic_arn",
 )
@@ -105,6 +107,21 @@ def build(cfg: EstateConfig) -> dict[str, Any]:
         ),
     )
     repos, urls = state.repo_arns, state.repo_urls
+    build_tier = BuildTier(
+        f"{p}-build",
+        BuildTierArgs(
+            prefix=p,
+            subnet_ids=net.subnet_ids["build"],
+            sg_id=sg["build"],
+            repo_arns=list(repos.values()),
+            aurora_secret_arn=state.aurora_secret_arn,
+            key_arn=state.key_arn,
+            instance_type=cfg.build_instance_type,
+            max_instances=cfg.build_max_instances,
+            disk_gb=cfg.build_disk_gb,
+            task_image_expiry_days=cfg.task_image_expiry_days,
+        ),
+    )
     harness = HarnessFleet(
         f"{p}-harness",
         HarnessFleetArgs(
@@ -112,14 +129,9 @@ def build(cfg: EstateConfig) -> dict[str, Any]:
             bucket_arn=state.bucket_arn,
             key_arn=state.key_arn,
             valkey_arn=state.valkey_arn,
-            valkey_endpoint=state.valkey_endpoint,
-            gateway_url=gw.url,
-            harness_repo_url=urls["harness-base"],
-            platform_repo_url=urls["platform"],
-            pull_repo_arns=[repos["harness-base"], repos["platform"]],
+            task_images_repo_arn=build_tier.task_images_repo_arn,
+            task_images_repo_url=build_tier.task_images_repo_url,
             queue_prefix=cfg.queue_prefix,
-            harness_image_tag=cfg.harness_image_tag,
-            shim_image_tag=cfg.shim_image_tag,
             cpu=cfg.harness_cpu,
             memory=cfg.harness_memory,
             ephemeral_gb=cfg.harness_ephemeral_gb,
@@ -182,29 +194,18 @@ def build(cfg: EstateConfig) -> dict[str, Any]:
             eval_cluster_name=f"{p}-eval",
             eval_service_name=f"{p}-eval-worker",
             task_families=[f"{p}-harness", f"{p}-judge"],
+            registered_family=f"{p}-harness",
             pass_role_arns=[
                 harness.task_role.arn,
                 harness.execution_role.arn,
                 judge.task_role.arn,
                 judge.execution_role.arn,
             ],
-            repo_arns=list(repos.values()),
+            repo_arns=[*repos.values(), build_tier.task_images_repo_arn],
             secret_arns=[state.aurora_secret_arn, gw.master_key.arn],
             instance_type=cfg.head_instance_type,
             disk_gb=cfg.head_disk_gb,
             log_retention_days=cfg.log_retention_days,
-        ),
-    )
-    build_tier = BuildTier(
-        f"{p}-build",
-        BuildTierArgs(
-            prefix=p,
-            subnet_ids=net.subnet_ids["build"],
-            sg_id=sg["build"],
-            repo_arns=list(repos.values()),
-            instance_type=cfg.build_instance_type,
-            max_instances=cfg.build_max_instances,
-            disk_gb=cfg.build_disk_gb,
         ),
     )
     guard = NightlyGuard(
@@ -253,6 +254,7 @@ def build(cfg: EstateConfig) -> dict[str, Any]:
         "gateway_master_key_secret_arn": gw.master_key.arn,
         "gateway_provider_keys_secret_arn": gw.provider_keys.arn,
         "harness_task_definition_arn": harness.task_definition_arn,
+        "harness_upstream_key_secret_arn": harness.upstream_key_arn,
         "judge_task_definition_arn": judge.task_definition_arn,
         "eval_task_definition_arn": evalf.task_definition_arn,
         "eval_service_name": f"{p}-eval-worker",
@@ -260,6 +262,7 @@ def build(cfg: EstateConfig) -> dict[str, Any]:
         "build_asg_name": build_tier.asg_name,
         "head_instance_id": head.instance_id,
         "repository_urls": urls,
+        "task_images_repository_url": build_tier.task_images_repo_url,
         "guard_function_name": guard.function_name,
         "alerts_topic_arn": guard.alerts_topic_arn,
     }

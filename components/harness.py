@@ -1,4 +1,11 @@
-"""Harness fleet: the ECS cluster (Fargate) and the harness task definition (harness + local proxy shim)."""
+"""Harness fleet: the ECS cluster (Fargate) and the template of every agent task's task definition.
+
+A task is ONE container, the shape contract/task_shape.py describes: the task runner (`python -m harness <job-uri>`
+from the runtime under /opt/evalplane) starts the shim as its own child, then the harness, in the instance's
+environment at /testbed. Every attempt runs its own task image, and RunTask cannot override an image, so the
+dispatcher registers one revision of this family per task image, derived from this template with only the image
+replaced (dispatcher/launchers/task_definitions.py); the template's own image is a placeholder never run.
+"""
 
 from __future__ import annotations
 
@@ -12,13 +19,17 @@ from components.common import (
     child,
     ecr_pull_statements,
     logs_statements,
+    region,
     role_with_policy,
     run_data_statements,
     statement,
     tags,
 )
+from contract import task_shape
 
-SHIM_PORT = 8080
+TEMPLATE_IMAGE_TAG = "template-placeholder"  # every launch registers a revision with its task image instead
+STATE_VOLUME = "state"
+STOP_TIMEOUT_S = 120  # Fargate's maximum: on StopTask the runner stops its shim and still lands the attempt's row
 
 
 @dataclass(frozen=True)
@@ -27,16 +38,13 @@ class HarnessFleetArgs:
     bucket_arn: pulumi.Input[str]
     key_arn: pulumi.Input[str]
     valkey_arn: pulumi.Input[str]
-    valkey_endpoint: pulumi.Input[str]
-    gateway_url: pulumi.Input[str]
-    harness_repo_url: pulumi.Input[str]
-    platform_repo_url: pulumi.Input[str]
-    pull_repo_arns: list[pulumi.Input[str]]
+    task_images_repo_arn: pulumi.Input[str]
+    task_images_repo_url: pulumi.Input[str]
     queue_prefix: str
-    harness_image_tag: str
-    shim_image_tag: str
     cpu: int = 1024
     memory: int = 4096
+    # the task image (an instance image of ~1.1 GB compressed, several GB extracted, plus the runtime layer)
+    # is pulled into ephemeral storage, next to the agent's edits and the task's working files
     ephemeral_gb: int = 30
     log_retention_days: int = 30
 
@@ -64,12 +72,26 @@ class HarnessFleet(pulumi.ComponentResource):
         self.log_group = aws.cloudwatch.LogGroup(
             f"{name}-logs", name=f"/{p}/harness", retention_in_days=args.log_retention_days, tags=t, opts=child(self)
         )
+        # The key tasks present upstream (a gateway virtual key): the task runner hands it to its shim alone.
+        self.upstream_key = aws.secretsmanager.Secret(
+            f"{name}-upstream-key",
+            name_prefix=f"{p}/harness/upstream-key-",
+            description="The key harness tasks present to the gateway (a LiteLLM virtual key); set the value out of band",
+            kms_key_id=args.key_arn,
+            tags=t,
+            opts=child(self),
+        )
         self.execution_role = role_with_policy(
             self,
             f"{name}-exec-role",
             "ecs-tasks.amazonaws.com",
             "harness-exec",
-            [*ecr_pull_statements(args.pull_repo_arns), *logs_statements([self.log_group.arn])],
+            [
+                *ecr_pull_statements([args.task_images_repo_arn]),
+                *logs_statements([self.log_group.arn]),
+                statement(["secretsmanager:GetSecretValue"], [self.upstream_key.arn]),
+                statement(["kms:Decrypt"], [args.key_arn]),
+            ],
             t,
         )
         self.task_role = role_with_policy(
@@ -83,44 +105,9 @@ class HarnessFleet(pulumi.ComponentResource):
             ],
             t,
         )
-        rgn = aws.get_region_output().region
         containers = pulumi.Output.all(
-            args.harness_repo_url, args.platform_repo_url, self.log_group.name, rgn, args.gateway_url, args.valkey_endpoint
-        ).apply(
-            lambda a: json.dumps(
-                [
-                    {
-                        "name": "shim",
-                        "image": f"{a[1]}:{args.shim_image_tag}",
-                        "essential": True,
-                        "memoryReservation": 256,
-                        "environment": [
-                            {"name": "SHIM_LISTEN", "value": f"127.0.0.1:{SHIM_PORT}"},
-                            {"name": "GATEWAY_URL", "value": a[4]},
-                            {"name": "VALKEY_URL", "value": f"rediss://{a[5]}:6379/0"},
-                        ],
-                        "healthCheck": {
-                            "command": ["CMD-SHELL", f"wget -qO- http://127.0.0.1:{SHIM_PORT}/healthz || exit 1"],
-                            "interval": 10,
-                            "retries": 3,
-                            "startPeriod": 10,
-                        },
-                        "logConfiguration": _logs(a[2], a[3], "shim"),
-                    },
-                    {
-                        "name": "harness",
-                        "image": f"{a[0]}:{args.harness_image_tag}",
-                        "essential": True,
-                        "dependsOn": [{"containerName": "shim", "condition": "HEALTHY"}],
-                        "environment": [
-                            {"name": "OPENAI_BASE_URL", "value": f"http://127.0.0.1:{SHIM_PORT}/v1"},
-                            {"name": "ANTHROPIC_BASE_URL", "value": f"http://127.0.0.1:{SHIM_PORT}"},
-                        ],
-                        "logConfiguration": _logs(a[2], a[3], "harness"),
-                    },
-                ]
-            )
-        )
+            args.task_images_repo_url, self.log_group.name, region(), self.upstream_key.arn
+        ).apply(lambda a: json.dumps([task_container(f"{a[0]}:{TEMPLATE_IMAGE_TAG}", a[1], a[2], a[3])]))
         self.task_definition = aws.ecs.TaskDefinition(
             f"{name}-task",
             family=f"{p}-harness",
@@ -132,17 +119,42 @@ class HarnessFleet(pulumi.ComponentResource):
             execution_role_arn=self.execution_role.arn,
             task_role_arn=self.task_role.arn,
             container_definitions=containers,
+            volumes=[{"name": STATE_VOLUME}],
             runtime_platform={"operating_system_family": "LINUX", "cpu_architecture": "X86_64"},
             tags=t,
             opts=child(self),
         )
         self.cluster_arn = self.cluster.arn
         self.task_definition_arn = self.task_definition.arn
-        self.register_outputs({"clusterArn": self.cluster_arn, "taskDefinitionArn": self.task_definition_arn})
+        self.upstream_key_arn = self.upstream_key.arn
+        self.register_outputs(
+            {
+                "clusterArn": self.cluster_arn,
+                "taskDefinitionArn": self.task_definition_arn,
+                "upstreamKeySecretArn": self.upstream_key_arn,
+            }
+        )
 
 
-def _logs(group: str, region: str, stream: str) -> dict:
+def task_container(image: str, log_group: str, region_name: str, upstream_key_arn: str) -> dict:
+    """The one container of every agent task (contract/task_shape.py): RunTask overrides only its command."""
     return {
-        "logDriver": "awslogs",
-        "options": {"awslogs-group": group, "awslogs-region": region, "awslogs-stream-prefix": stream},
+        "name": task_shape.CONTAINER,
+        "image": image,
+        "essential": True,
+        "entryPoint": task_shape.ENTRYPOINT,
+        "environment": [
+            {"name": "EVALPLANE_STATE_DIR", "value": task_shape.STATE_DIR},
+            {"name": "AWS_REGION", "value": region_name},
+        ],
+        "secrets": [{"name": task_shape.UPSTREAM_KEY_ENV, "valueFrom": upstream_key_arn}],
+        # the agent edits /testbed in place, so the root filesystem stays writable; STATE_DIR is a task volume
+        "readonlyRootFilesystem": False,
+        "mountPoints": [{"sourceVolume": STATE_VOLUME, "containerPath": task_shape.STATE_DIR, "readOnly": False}],
+        "linuxParameters": {"initProcessEnabled": True},  # reaps what the agent's shell commands leave behind
+        "stopTimeout": STOP_TIMEOUT_S,
+        "logConfiguration": {
+            "logDriver": "awslogs",
+            "options": {"awslogs-group": log_group, "awslogs-region": region_name, "awslogs-stream-prefix": "task"},
+        },
     }

@@ -89,8 +89,9 @@ class SecurityGroups(pulumi.ComponentResource):
         for src in ("harness", "judge", "gateway_task", "head", "eval"):
             ingress("valkey", VALKEY_PORT, src)
             egress(src, VALKEY_PORT, referenced_security_group_id=sg["valkey"])
-        # Aurora: the gateway's key/spend tables, the results writer on the head node, the judge's verdicts
-        for src in ("gateway_task", "head", "judge"):
+        # Aurora: the gateway's key/spend tables, the results writer on the head node, the judge's verdicts,
+        # the task-image digests the build tier records
+        for src in ("gateway_task", "head", "judge", "build"):
             ingress("aurora", AURORA_PORT, src)
             egress(src, AURORA_PORT, referenced_security_group_id=sg["aurora"])
         for g in ("harness", "judge", "eval", "head", "gateway_task"):

@@ -61,6 +61,12 @@ T_POLICY_ATTACH = "aws:iam/policyAttachment:PolicyAttachment"
 ECR_AUTH = ("ecr:GetAuthorizationToken", "pull/push images: the registry auth token has no resource type", None)
 ECS_AGENT = ("ecs:DiscoverPollEndpoint", "the ECS agent on eval hosts: no resource type", None)
 LIST_TASKS = ("ecs:ListTasks", "list a cluster's tasks: resource '*', narrowed by ecs:cluster", "ecs:cluster")
+DESCRIBE_TD = ("ecs:DescribeTaskDefinition",
+               "read the harness template a task image's revision derives from: no resource type", None)
+REGISTER_TD = ("ecs:RegisterTaskDefinition",
+               ("one revision per task image (RunTask cannot override an image): no resource type, narrowed by the "
+                "tier tag the revision must carry"),
+               "aws:RequestTag/evalplane:tier")
 WILDCARD_ALLOWLIST: dict[str, dict[str, tuple[str, str | None]]] = {
     "harness-exec": {ECR_AUTH[0]: ECR_AUTH[1:]},
     "harness-task": {},
@@ -71,7 +77,8 @@ WILDCARD_ALLOWLIST: dict[str, dict[str, tuple[str, str | None]]] = {
     "eval-task": {ECR_AUTH[0]: ECR_AUTH[1:]},  # the worker pulls per-instance images via the host's Docker
     "judge-exec": {ECR_AUTH[0]: ECR_AUTH[1:]},
     "judge-task": {},
-    "dispatcher": {ECR_AUTH[0]: ECR_AUTH[1:], LIST_TASKS[0]: LIST_TASKS[1:]},
+    "dispatcher": {ECR_AUTH[0]: ECR_AUTH[1:], LIST_TASKS[0]: LIST_TASKS[1:], DESCRIBE_TD[0]: DESCRIBE_TD[1:],
+                   REGISTER_TD[0]: REGISTER_TD[1:]},
     "build-instance": {ECR_AUTH[0]: ECR_AUTH[1:]},
     "guard": {LIST_TASKS[0]: LIST_TASKS[1:]},
     "guard-scheduler": {},

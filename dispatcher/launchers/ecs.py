@@ -6,8 +6,11 @@ concurrently (`launch_many`) under throttling backoff. Eval workers are intercha
 call. Placement failures (`failures`, or fewer tasks than asked) are not lost: the attempt's handle stays
 pending and is retried later (`retry_pending`, or on `poll`), the eval deficit likewise.
 
-Overrides carry only the job reference: the provider key comes from the task definition's Secrets Manager
-secret. Tags and startedBy name run and attempt, so `find_running` rebuilds handles after a restart.
+Every attempt runs its own task image (contract/task_shape.py): RunTask cannot override an image, so the attempt
+runs the template's revision for its image (task_definitions.py: registered once per image digest, cached in
+PostgreSQL across dispatchers, paced). Overrides carry only the job reference: the provider key comes from the task
+definition's Secrets Manager secret. Tags and startedBy name run and attempt, so `find_running` rebuilds handles
+after a restart.
 """
 
 from __future__ import annotations
@@ -27,9 +30,17 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from contract import task_shape
 from contract.models import AttemptRef
 from dispatcher.launchers.base import TaskHandle
 from dispatcher.launchers.stack_outputs import StackOutputs
+from dispatcher.launchers.task_definitions import (
+    PgRevisionCache,
+    RevisionCache,
+    TaskImageError,
+    TaskImageRevisions,
+    TokenBucket,
+)
 
 log = logging.getLogger("evalplane.launchers.ecs")
 
@@ -46,7 +57,7 @@ class EcsTarget:
     """Where and how one kind of task runs."""
 
     cluster: str
-    task_definition: str
+    task_definition: str  # for harness attempts, the template each task image's revision is derived from
     container: str  # the container whose command carries the job reference
     launch_type: str = "FARGATE"
     subnets: tuple[str, ...] = ()
@@ -79,6 +90,7 @@ def exit_code(task: dict, container: str) -> int | None:
 class _Pending:
     handle: TaskHandle
     job_uri: str
+    task_definition: str  # the revision of the attempt's task image
     next_try: float
     tries: int = 0
 
@@ -94,7 +106,12 @@ class EcsLauncher:
     def __init__(self, harness: EcsTarget, eval_workers: EcsTarget | None = None, *, client=None,
                  region: str | None = None, deadline_tag: str | None = None, deadline: datetime | None = None,
                  poll_interval_s: float = 5.0, retry_interval_s: float = 15.0, backoff_base_s: float = 0.5,
-                 max_throttle_tries: int = 10, launch_workers: int = 8, sleep: Callable[[float], None] = time.sleep):
+                 max_throttle_tries: int = 10, launch_workers: int = 8, sleep: Callable[[float], None] = time.sleep,
+                 revision_cache: RevisionCache | None = None, register_rate_per_s: float = 1.0,
+                 register_burst: int = 5):
+        """revision_cache: where task-image revisions are shared between dispatchers (default: the
+        `task_definitions` table in DATABASE_URL); register_rate_per_s, register_burst: the pace of
+        RegisterTaskDefinition calls."""
         self.harness, self.eval = harness, eval_workers
         self.ecs = client or boto3.client("ecs", region_name=region, config=Config(
             retries={"mode": "adaptive", "max_attempts": 5}, max_pool_connections=max(10, launch_workers * 2)))
@@ -112,10 +129,13 @@ class EcsLauncher:
         self.eval_deficit = _EvalDeficit()
         self._eval_run: str | None = None
         self._eval_command: list[str] | None = None
+        self.revisions = TaskImageRevisions(
+            harness.task_definition, harness.container, revision_cache or PgRevisionCache(), self._call,
+            TokenBucket(register_rate_per_s, register_burst, sleep=sleep))
 
     @classmethod
     def from_stack_outputs(cls, out: StackOutputs, **kw) -> EcsLauncher:
-        harness = EcsTarget(out.cluster_arn, out.harness_task_definition_arn, "harness", "FARGATE",
+        harness = EcsTarget(out.cluster_arn, out.harness_task_definition_arn, task_shape.CONTAINER, "FARGATE",
                             tuple(out.harness_subnet_ids), (out.harness_security_group_id,))
         eval_workers = EcsTarget(out.eval_cluster_arn, out.eval_task_definition_arn, "eval-worker", "EC2")
         kw.setdefault("region", out.region)
@@ -150,21 +170,26 @@ class EcsLauncher:
         return [{"key": k, "value": v} for k, v in tags.items()]
 
     # ------------------------------------------------------------------ harness attempts
-    def launch(self, ref: AttemptRef, job_uri: str) -> TaskHandle:
-        """Start the attempt's task; if it cannot be placed now, a pending handle that is retried later."""
+    def launch(self, ref: AttemptRef, job_uri: str, image: str | None = None) -> TaskHandle:
+        """Start the attempt's task from its task image (required: by digest); if it cannot be placed now, a
+        pending handle that is retried later."""
+        try:
+            task_definition = self.revisions.arn(image)
+        except TaskImageError as e:
+            raise TaskImageError(f"attempt {ref.slug}: {e}") from None
         handle = TaskHandle(ref=ref, task_id=PENDING)
-        self._try(_Pending(handle, job_uri, 0.0))
+        self._try(_Pending(handle, job_uri, task_definition, 0.0))
         return handle
 
-    def launch_many(self, items: list[tuple[AttemptRef, str]]) -> list[TaskHandle]:
-        """launch() for many attempts, concurrently (one RunTask each: overrides are per call)."""
+    def launch_many(self, items: list[tuple[AttemptRef, str, str]]) -> list[TaskHandle]:
+        """launch() for many (attempt, job URI, task image), concurrently (one RunTask each: overrides are per call)."""
         with ThreadPoolExecutor(self.launch_workers) as pool:
             return list(pool.map(lambda it: self.launch(*it), items))
 
     def _try(self, p: _Pending) -> bool:
         ref = p.handle.ref
         resp = self._call(
-            "run_task", cluster=self.harness.cluster, taskDefinition=self.harness.task_definition, count=1,
+            "run_task", cluster=self.harness.cluster, taskDefinition=p.task_definition, count=1,
             launchType=self.harness.launch_type, startedBy=started_by(ref.run), group=f"evalplane:{ref.run}"[:255],
             overrides={"containerOverrides": [{"name": self.harness.container, "command": [p.job_uri]}]},
             tags=self._tags("harness", ref), **self.harness.network(),

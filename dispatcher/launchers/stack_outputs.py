@@ -24,7 +24,7 @@ class StackOutputs(BaseModel):
     eval_cluster_arn: str
     harness_subnet_ids: list[str]
     harness_security_group_id: str
-    harness_task_definition_arn: str
+    harness_task_definition_arn: str  # the template every task image's revision is derived from
     eval_task_definition_arn: str
     eval_service_name: str
     judge_task_definition_arn: str
@@ -36,6 +36,7 @@ class StackOutputs(BaseModel):
     valkey_endpoint: str
     valkey_port: int = 6379
     gateway_url: str
+    task_images_repository_url: str  # where `python -m dispatcher images` pushes task images (ECR)
     harness_capacity: int | None = None
 
     @property

@@ -1,91 +1,72 @@
-"""backend = "aws" end to end against moto in server mode: the run is built from the Pulumi stack outputs,
-job documents go to the stack's bucket, harness tasks are Fargate RunTasks carrying only their job URI,
-eval workers are EC2 RunTasks handed their run's eval queue, and a cancelled run still lands every attempt.
-(moto runs no containers: the tasks stay RUNNING until the cancel stops them.)"""
+"""backend = "aws" as the dispatcher drives it, against moto in server mode: the per-run resources and the ECS
+launcher come from the Pulumi stack-outputs file exactly as dispatcher/run.py builds them (`resources.ensure` on the
+stack's bucket and queue prefix, `EcsLauncher.from_stack_outputs(outputs)` with nothing else: the region and
+endpoint from the environment, task-image revisions cached in DATABASE_URL). Eval workers are EC2 RunTasks handed
+their run's eval queue; each harness attempt is a Fargate RunTask of its task image's revision carrying only its
+job's URI in the stack's bucket; a restarted dispatcher finds them again, and a cancel stops them.
+(moto runs no containers: the tasks stay RUNNING until stopped.)
+
+The driver loop's side (job documents, landed rows, the cancel landing every attempt) runs the launcher through
+`launch(ref, job_uri, image)`; which task image each attempt gets is the plan's (dispatcher/run.py).
+"""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import boto3
-import psycopg
+from test_launcher_ecs import add_container_instance, estate, manual_progression, task_image  # noqa: F401 (fixtures)
 
-from test_launcher_ecs import add_container_instance, estate, manual_progression  # noqa: F401 (fixtures)
+from contract import task_shape
+from contract.models import AttemptRef
+from dispatcher import resources
+from dispatcher.launchers.ecs import EcsLauncher
+from dispatcher.launchers.stack_outputs import StackOutputs
 
-ROOT = Path(__file__).resolve().parents[2]
-SYNTHETIC = ROOT / "examples" / "synthetic"
+SYNTHETIC = Path(__file__).resolve().parents[2] / "examples" / "synthetic"
 
 
-def test_aws_backend_runs_from_stack_outputs(estate, tmp_path, database_url, valkey_url, moto_endpoint,  # noqa: F811
-                                             unique):
-    outputs = json.loads(estate.read_text())
-    boto3.client("s3").create_bucket(Bucket=outputs["bucket"])
-    add_container_instance(outputs["eval_cluster_arn"], "m5.2xlarge")
-    spec = tmp_path / "spec.toml"
-    spec.write_text(f"""
-[run]
-name = "{unique}"
-[harness]
-name = "mini-swe-agent"
-[model]
-provider = "anthropic"
-model = "claude-sonnet-4-5"
-[instances]
-dataset = "{SYNTHETIC / 'instances.jsonl'}"
-[budget]
-run_usd = 5
-[backend]
-kind = "aws"
-stack_outputs = "{estate}"
-concurrency = 2
-[eval]
-backend = "docker"
-workers = 2
-""")
-    env = {"PATH": "/usr/bin:/bin", "DATABASE_URL": database_url, "VALKEY_URL": valkey_url,
-           "AWS_ENDPOINT_URL": moto_endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_DEFAULT_REGION": "us-east-1", "EVALPLANE_STATE_DIR": str(tmp_path / "state"),
-           "RAY_USAGE_STATS_ENABLED": "0", "HOME": str(tmp_path)}
-    driver = subprocess.Popen([sys.executable, "-m", "dispatcher", "run", str(spec)], env=env, cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def test_aws_backend_launches_from_stack_outputs(estate, database_url, moto_endpoint, unique):  # noqa: F811
+    outputs = StackOutputs.load(estate)
+    add_container_instance(outputs.eval_cluster_arn, "m5.2xlarge")
+    res = resources.ensure(unique, bucket=outputs.bucket, queue_prefix=outputs.queue_prefix)
+    launcher = EcsLauncher.from_stack_outputs(outputs)  # as run.py calls it
+
+    workers = launcher.launch_eval_workers(2, run=unique, command=["--queue", res.eval_queue_url, "--backend", "docker"])
     ecs = boto3.client("ecs")
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        harness = ecs.list_tasks(cluster=outputs["cluster_arn"], startedBy=f"evalplane/{unique}")["taskArns"]
-        if len(harness) >= 2:
-            break
-        assert driver.poll() is None, driver.stderr.read()[-3000:]
-        time.sleep(0.5)
-    tasks = ecs.describe_tasks(cluster=outputs["cluster_arn"], tasks=harness)["tasks"]
-    assert len(tasks) == 2  # the planner's first target, within backend.concurrency
-    bucket = outputs["bucket"]
-    for t in tasks:
-        (override,) = t["overrides"]["containerOverrides"]
-        assert override["name"] == "harness" and len(override["command"]) == 1
-        job_uri = override["command"][0]
-        assert job_uri.startswith(f"s3://{bucket}/runs/{unique}/jobs/")  # only the job reference
-        key = job_uri.removeprefix(f"s3://{bucket}/")
-        job = json.loads(boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read())
-        assert job["upstream_url"] == outputs["gateway_url"]
-        assert "key" not in json.dumps(job["harness"]).lower() and "sk-" not in json.dumps(job)
-    workers = ecs.describe_tasks(cluster=outputs["eval_cluster_arn"], tasks=ecs.list_tasks(
-        cluster=outputs["eval_cluster_arn"], startedBy="evalplane/eval-worker")["taskArns"])["tasks"]
-    assert len(workers) == 2
-    command = workers[0]["overrides"]["containerOverrides"][0]["command"]
-    assert command[0] == "--queue" and "evalplane-ep-" in command[1] and command[1].endswith("-eval")
+    described = ecs.describe_tasks(cluster=outputs.eval_cluster_arn, tasks=workers)["tasks"]
+    assert len(described) == 2
+    for t in described:
+        command = t["overrides"]["containerOverrides"][0]["command"]
+        assert command[:2] == ["--queue", res.eval_queue_url] and res.eval_queue_url.endswith("-eval")
 
-    cancel = subprocess.run([sys.executable, "-m", "dispatcher", "cancel", str(spec)], env=env, cwd=ROOT,
-                            capture_output=True, text=True)
-    assert cancel.returncode == 0, cancel.stderr
-    assert driver.wait(timeout=180) == 0, driver.stderr.read()[-3000:]
-    with psycopg.connect(database_url) as conn:
-        rows = dict(conn.execute("SELECT instance_id, outcome FROM attempts WHERE run = %s", (unique,)).fetchall())
-        status = conn.execute("SELECT status FROM runs WHERE run = %s", (unique,)).fetchone()[0]
-    assert len(rows) == 5 and status == "cancelled"
-    assert sorted(rows.values()).count("cancelled") >= 3  # never launched
-    stopped = ecs.describe_tasks(cluster=outputs["cluster_arn"], tasks=harness)["tasks"]
+    ids = [json.loads(line)["instance_id"] for line in (SYNTHETIC / "instances.jsonl").read_text().splitlines()][:3]
+    refs = [AttemptRef(run=unique, instance_id=i, attempt=1) for i in ids]
+    images = {r: task_image(f"{unique}/{r.instance_id}") for r in refs}
+    handles = launcher.launch_many([(r, res.job_uri(r), images[r]) for r in refs])
+    tasks = {t["taskArn"]: t for t in ecs.describe_tasks(cluster=outputs.cluster_arn,
+                                                         tasks=[h.task_id for h in handles])["tasks"]}
+    for h in handles:
+        t = tasks[h.task_id]
+        (override,) = t["overrides"]["containerOverrides"]
+        assert override == {"name": task_shape.CONTAINER, "command": [res.job_uri(h.ref)]}  # only the job reference
+        assert override["command"][0].startswith(f"s3://{outputs.bucket}/runs/{unique}/jobs/")
+        assert t["taskDefinitionArn"] == launcher.revisions.arn(images[h.ref]) != outputs.harness_task_definition_arn
+        assert t["containers"][0]["image"] == images[h.ref]
+    assert launcher.revisions.registered == 3
+
+    # a restarted dispatcher (a new launcher from the same file) finds the run's tasks and reuses the revisions
+    again = EcsLauncher.from_stack_outputs(outputs)
+    found = again.find_running(unique)
+    assert {h.ref: h.task_id for h in found} == {h.ref: h.task_id for h in handles}
+    assert [again.revisions.arn(images[r]) for r in refs] == [launcher.revisions.arn(images[r]) for r in refs]
+    assert again.revisions.registered == 0
+
+    for h in found:  # cancel: every task is stopped, and reads as exited
+        again.stop(h)
+    again.refresh()
+    assert all(again.poll(h) is not None for h in found)
+    stopped = ecs.describe_tasks(cluster=outputs.cluster_arn, tasks=[h.task_id for h in handles])["tasks"]
     assert all(t["lastStatus"] == "STOPPED" for t in stopped)
+    resources.remove_queues(res)

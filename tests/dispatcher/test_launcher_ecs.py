@@ -2,21 +2,38 @@
 
 RunTask requests are recorded with a botocore before-call hook, so the tests assert on what the
 dispatcher asked for (no public IP, only the job reference in overrides, calls per batch), not only
-on what moto echoes back.
+on what moto echoes back. Task-image revisions are cached in the session's real PostgreSQL database.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import threading
 import urllib.request
 
 import boto3
+import psycopg
 import pytest
 from botocore.exceptions import ClientError
 
+from contract import task_shape
 from contract.models import AttemptRef
 from dispatcher.launchers.ecs import PENDING, EcsLauncher, EcsTarget, exit_code, started_by
 from dispatcher.launchers.stack_outputs import StackOutputs, StackOutputsError
+from dispatcher.launchers.task_definitions import (
+    PgRevisionCache,
+    TaskImageError,
+    TokenBucket,
+    register_fields,
+)
+
+REGISTRY = "123456789012.dkr.ecr.us-east-1.amazonaws.com"
+
+
+def task_image(name: str) -> str:
+    """A task image reference by digest, as the image build records it."""
+    return f"{REGISTRY}/evalplane/task-images@sha256:{hashlib.sha256(name.encode()).hexdigest()}"
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +63,22 @@ class Recorder:
 
 
 def task_def(ecs, family: str, compat: str, memory: int = 512) -> str:
-    # workaround 2: container-level memory (task-level only -> TypeError in moto)
+    """The harness template (the HarnessFleet's shape: one container, the task runner as entry point, the key as a
+    secret), or the eval worker's. Workaround 2: container-level memory (task-level only -> TypeError in moto)."""
+    container = {"name": task_shape.CONTAINER, "entryPoint": task_shape.ENTRYPOINT,
+                 "secrets": [{"name": task_shape.UPSTREAM_KEY_ENV,
+                              "valueFrom": "arn:aws:secretsmanager:us-east-1:123456789012:secret:k"}],
+                 "environment": [{"name": "EVALPLANE_STATE_DIR", "value": task_shape.STATE_DIR}],
+                 "mountPoints": [{"sourceVolume": "state", "containerPath": task_shape.STATE_DIR, "readOnly": False}]} \
+        if compat == "FARGATE" else {"name": "eval-worker"}
     return ecs.register_task_definition(
         family=family, requiresCompatibilities=[compat], networkMode="awsvpc" if compat == "FARGATE" else "bridge",
-        cpu="256", memory=str(memory),
-        containerDefinitions=[{"name": "harness" if compat == "FARGATE" else "eval-worker",
-                               "image": "evalplane/harness:dev", "memory": memory, "cpu": 256,
-                               "secrets": [{"name": "EVALPLANE_UPSTREAM_KEY",
-                                            "valueFrom": "arn:aws:secretsmanager:us-east-1:123456789012:secret:k"}]}],
+        cpu="256", memory=str(memory), volumes=[{"name": "state"}] if compat == "FARGATE" else [],
+        executionRoleArn="arn:aws:iam::123456789012:role/harness-exec",
+        taskRoleArn="arn:aws:iam::123456789012:role/harness-task", ephemeralStorage={"sizeInGiB": 30},
+        containerDefinitions=[container | {"image": f"{REGISTRY}/evalplane/task-images:template-placeholder",
+                                           "memory": memory, "cpu": 256, "essential": True}],
+        tags=[{"key": "Project", "value": "evalplane"}, {"key": "evalplane:tier", "value": "harness"}],
     )["taskDefinition"]["taskDefinitionArn"]
 
 
@@ -77,6 +102,7 @@ def estate(moto_endpoint, manual_progression, unique, tmp_path):
         "judge_security_group_id": sg, "bucket": f"{unique}-bucket", "runs_prefix": "runs/",
         "queue_prefix": "evalplane-", "deadline_tag": "evalplane:deadline", "valkey_endpoint": "valkey.internal",
         "valkey_port": 6379, "gateway_url": "http://gateway.internal", "harness_capacity": 49137,
+        "task_images_repository_url": f"{REGISTRY}/evalplane/task-images",
         "gateway_cluster_arn": "arn:gw",  # an output the dispatcher does not read: kept, not required
     }
     path = tmp_path / "stack-outputs.json"
@@ -84,10 +110,12 @@ def estate(moto_endpoint, manual_progression, unique, tmp_path):
     return path
 
 
-def make_launcher(path, **kw) -> tuple[EcsLauncher, Recorder]:
-    client = boto3.client("ecs", region_name="us-east-1")
+def make_launcher(path, database_url: str, client_config=None, **kw) -> tuple[EcsLauncher, Recorder]:
+    """A dispatcher's launcher: its own ECS client, the shared PostgreSQL revision cache."""
+    client = boto3.client("ecs", region_name="us-east-1", config=client_config)
     rec = Recorder(client)
     kw.setdefault("poll_interval_s", 0.0)
+    kw.setdefault("revision_cache", PgRevisionCache(database_url))
     return EcsLauncher.from_stack_outputs(StackOutputs.load(path), client=client, **kw), rec
 
 
@@ -119,26 +147,31 @@ def test_stack_outputs_name_the_missing_key(tmp_path, estate):
 # ---------------------------------------------------------------- harness attempts on Fargate
 
 
-def test_fargate_attempts_private_network_only_the_job_reference(estate, unique):
-    launcher, rec = make_launcher(estate)
+def test_fargate_attempts_private_network_only_the_job_reference(estate, unique, database_url):
+    launcher, rec = make_launcher(estate, database_url)
     out = StackOutputs.load(estate)
     refs = [AttemptRef(run=unique, instance_id=f"repo__repo-{i}", attempt=1) for i in range(23)]
-    handles = launcher.launch_many([(r, f"s3://b/runs/{unique}/jobs/{r.instance_id}.json") for r in refs])
+    images = {r: task_image(f"{unique}-{i % 2}") for i, r in enumerate(refs)}  # two instances' task images
+    handles = launcher.launch_many([(r, f"s3://b/runs/{unique}/jobs/{r.instance_id}.json", images[r]) for r in refs])
 
+    revisions = {p["containerDefinitions"][0]["image"]: p for p in rec.params("RegisterTaskDefinition")}
+    assert set(revisions) == set(images.values())  # one revision per task image, however many attempts use it
     runs = rec.params("RunTask")
     assert len(runs) == 23 and all(p["count"] == 1 for p in runs)  # one attempt, one override, one call
-    for p in runs:
-        assert p["launchType"] == "FARGATE" and p["taskDefinition"] == out.harness_task_definition_arn
+    by_uri = {p["overrides"]["containerOverrides"][0]["command"][0]: p for p in runs}
+    for r in refs:
+        p = by_uri[f"s3://b/runs/{unique}/jobs/{r.instance_id}.json"]
+        assert p["launchType"] == "FARGATE" and p["taskDefinition"] == launcher.revisions.arn(images[r])
+        assert p["taskDefinition"] != out.harness_task_definition_arn  # never the template's placeholder image
         assert p["networkConfiguration"] == {"awsvpcConfiguration": {
             "subnets": out.harness_subnet_ids, "securityGroups": [out.harness_security_group_id],
             "assignPublicIp": "DISABLED"}}
         (override,) = p["overrides"]["containerOverrides"]
-        assert set(override) == {"name", "command"} and override["name"] == "harness"
-        assert override["command"][0].startswith("s3://") and len(override["command"]) == 1  # no env, no secrets
+        assert set(override) == {"name", "command"} and override["name"] == task_shape.CONTAINER
+        assert len(override["command"]) == 1  # the job URI only: no env, no secrets, no image
         tags = {t["key"]: t["value"] for t in p["tags"]}
         assert p["startedBy"] == started_by(unique) and tags["evalplane:run"] == unique
-    sent = {p["overrides"]["containerOverrides"][0]["command"][0] for p in runs}
-    assert sent == {f"s3://b/runs/{unique}/jobs/{r.instance_id}.json" for r in refs}
+    assert set(by_uri) == {f"s3://b/runs/{unique}/jobs/{r.instance_id}.json" for r in refs}
 
     assert all(h.task_id.startswith("arn:aws:ecs:") for h in handles)
     tasks = boto3.client("ecs").describe_tasks(cluster=out.cluster_arn, tasks=[h.task_id for h in handles[:3]])["tasks"]
@@ -153,25 +186,27 @@ def test_fargate_attempts_private_network_only_the_job_reference(estate, unique)
     launcher.stop(handles[0])
     stopped = boto3.client("ecs").describe_tasks(cluster=out.cluster_arn, tasks=[handles[0].task_id])["tasks"][0]
     assert stopped["lastStatus"] == "STOPPED"
-    assert launcher.poll(handles[0]) == exit_code(stopped, "harness") is not None
+    assert launcher.poll(handles[0]) == exit_code(stopped, task_shape.CONTAINER) is not None
     assert launcher.poll(handles[1]) is None
 
     # a resumed dispatcher finds the 22 still running, with their attempts, from startedBy and tags
-    again, _ = make_launcher(estate)
+    again, _ = make_launcher(estate, database_url)
     found = {h.ref: h.task_id for h in again.find_running(unique)}
     assert found == {h.ref: h.task_id for h in handles[1:]}
 
 
 def test_exit_code_maps_stopped_container():
-    running = {"lastStatus": "RUNNING", "containers": [{"name": "harness"}]}
-    stopped = {"lastStatus": "STOPPED", "containers": [{"name": "shim", "exitCode": 0}, {"name": "harness", "exitCode": 3}]}
-    never = {"lastStatus": "STOPPED", "containers": [{"name": "harness"}], "stoppedReason": "CannotPullContainerError"}
-    assert (exit_code(running, "harness"), exit_code(stopped, "harness"), exit_code(never, "harness")) == (None, 3, -1)
+    running = {"lastStatus": "RUNNING", "containers": [{"name": "task"}]}
+    stopped = {"lastStatus": "STOPPED", "containers": [{"name": "other", "exitCode": 0}, {"name": "task", "exitCode": 3}]}
+    never = {"lastStatus": "STOPPED", "containers": [{"name": "task"}], "stoppedReason": "CannotPullContainerError"}
+    assert (exit_code(running, "task"), exit_code(stopped, "task"), exit_code(never, "task")) == (None, 3, -1)
 
 
-def test_throttling_is_backed_off_not_lost(estate, unique):
+def test_throttling_is_backed_off_not_lost(estate, unique, database_url):
     sleeps: list[float] = []
-    launcher, rec = make_launcher(estate, sleep=sleeps.append, backoff_base_s=0.01)
+    launcher, rec = make_launcher(estate, database_url, sleep=sleeps.append, backoff_base_s=0.01)
+    image = task_image(unique)
+    launcher.revisions.arn(image)  # registered up front: only RunTask is throttled here
     throttled = {"left": 3}
 
     def throttle(model, params, **kw):
@@ -180,21 +215,150 @@ def test_throttling_is_backed_off_not_lost(estate, unique):
             raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, model.name)
 
     launcher.ecs.meta.events.register("before-call.ecs.RunTask", throttle)
-    handle = launcher.launch(AttemptRef(run=unique, instance_id="a__a-1", attempt=1), "s3://b/j.json")
+    handle = launcher.launch(AttemptRef(run=unique, instance_id="a__a-1", attempt=1), "s3://b/j.json", image)
     assert handle.task_id.startswith("arn:aws:ecs:") and len(sleeps) == 3
     assert len(rec.params("RunTask")) == 4  # three throttled, the fourth went through
 
     throttled["left"] = 100  # past the retry budget: the error surfaces instead of a silent loss
     launcher.max_throttle_tries = 4
     with pytest.raises(ClientError, match="ThrottlingException"):
-        launcher.launch(AttemptRef(run=unique, instance_id="a__a-2", attempt=1), "s3://b/j.json")
+        launcher.launch(AttemptRef(run=unique, instance_id="a__a-2", attempt=1), "s3://b/j.json", image)
+
+
+# ---------------------------------------------------------------- task images: one revision per digest
+
+
+def test_one_revision_per_task_image_registered_once_across_two_dispatchers(estate, unique, database_url):
+    """Two dispatchers (two launchers, two ECS clients, one PostgreSQL) over two runs: each task image's revision
+    is registered once, by whichever needed it first; RunTask runs it, and its container runs the digest."""
+    out = StackOutputs.load(estate)
+    ecs = boto3.client("ecs")
+    a, b, c = (task_image(f"{unique}-{x}") for x in "abc")
+
+    first, rec1 = make_launcher(estate, database_url)
+    h1 = [first.launch(AttemptRef(run=f"{unique}-1", instance_id=f"i__i-{n}", attempt=1), f"s3://b/{n}.json", img)
+          for n, img in enumerate([a, b, a])]
+    assert [p["containerDefinitions"][0]["image"] for p in rec1.params("RegisterTaskDefinition")] == [a, b]
+    assert first.revisions.registered == 2
+
+    second, rec2 = make_launcher(estate, database_url)  # a second dispatcher, later: a second run
+    h2 = [second.launch(AttemptRef(run=f"{unique}-2", instance_id=f"i__i-{n}", attempt=1), f"s3://b/{n}.json", img)
+          for n, img in enumerate([a, b, c])]
+    assert [p["containerDefinitions"][0]["image"] for p in rec2.params("RegisterTaskDefinition")] == [c]  # a, b cached
+    assert [second.revisions.arn(x) for x in (a, b)] == [first.revisions.arn(x) for x in (a, b)]
+
+    with psycopg.connect(database_url) as conn:
+        rows = dict(conn.execute("SELECT image, arn FROM task_definitions WHERE template = %s",
+                                 (out.harness_task_definition_arn,)).fetchall())
+    assert rows == {x: second.revisions.arn(x) for x in (a, b, c)} and len(set(rows.values())) == 3
+
+    # what runs: each task's task definition is its image's revision, and its container runs the digest
+    tasks = {t["taskArn"]: t for t in ecs.describe_tasks(cluster=out.cluster_arn,
+                                                         tasks=[h.task_id for h in h1 + h2])["tasks"]}
+    for h, img in zip(h1 + h2, [a, b, a, a, b, c]):
+        t = tasks[h.task_id]
+        assert t["taskDefinitionArn"] == rows[img]
+        (container,) = t["containers"]
+        assert container["name"] == task_shape.CONTAINER and container["image"] == img
+
+    # a revision is the template with only the image replaced (same family, roles, secrets, storage, entry point)
+    template = ecs.describe_task_definition(taskDefinition=out.harness_task_definition_arn, include=["TAGS"])
+    revision = ecs.describe_task_definition(taskDefinition=rows[c], include=["TAGS"])
+    keep = register_fields() - {"containerDefinitions", "tags"}
+    assert {k: v for k, v in revision["taskDefinition"].items() if k in keep} == \
+        {k: v for k, v in template["taskDefinition"].items() if k in keep}
+    (rc,), (tc,) = revision["taskDefinition"]["containerDefinitions"], template["taskDefinition"]["containerDefinitions"]
+    assert rc["image"] == c and {**rc, "image": tc["image"]} == tc
+    assert revision["taskDefinition"]["family"] == template["taskDefinition"]["family"]
+    rtags = {t["key"]: t["value"] for t in revision["tags"]}
+    assert rtags["evalplane:tier"] == "harness" and rtags["evalplane:template"] == out.harness_task_definition_arn
+    assert rtags["evalplane:image-digest"] == c.rpartition("@")[2]
+
+
+def test_concurrent_dispatchers_register_an_image_once(estate, unique, database_url):
+    """Two dispatchers asking for the same new image at the same moment: the advisory lock lets one register."""
+    image = task_image(unique)
+    launchers = [make_launcher(estate, database_url) for _ in range(2)]
+    barrier, arns = threading.Barrier(2), {}
+
+    def go(i):
+        barrier.wait()
+        arns[i] = launchers[i][0].revisions.arn(image)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert arns[0] == arns[1]
+    assert sum(len(rec.params("RegisterTaskDefinition")) for _, rec in launchers) == 1
+
+
+def test_throttled_registration_is_retried(estate, unique, database_url):
+    sleeps: list[float] = []
+    launcher, rec = make_launcher(estate, database_url, sleep=sleeps.append, backoff_base_s=0.01)
+    throttled = {"left": 2}
+
+    def throttle(model, params, **kw):
+        if throttled["left"]:
+            throttled["left"] -= 1
+            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, model.name)
+
+    launcher.ecs.meta.events.register("before-call.ecs.RegisterTaskDefinition", throttle)
+    image = task_image(unique)
+    handle = launcher.launch(AttemptRef(run=unique, instance_id="a__a-1", attempt=1), "s3://b/j.json", image)
+    assert len(rec.params("RegisterTaskDefinition")) == 3 and len(sleeps) == 2  # two throttled, the third went through
+    assert rec.params("RunTask")[0]["taskDefinition"] == launcher.revisions.arn(image)
+    assert handle.task_id.startswith("arn:aws:ecs:")
+
+    throttled["left"] = 100  # past the retry budget: the error surfaces, nothing is recorded for the image
+    launcher.max_throttle_tries = 3
+    other = task_image(unique + "-other")
+    with pytest.raises(ClientError, match="ThrottlingException"):
+        launcher.launch(AttemptRef(run=unique, instance_id="a__a-2", attempt=1), "s3://b/j.json", other)
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT count(*) FROM task_definitions WHERE image = %s", (other,)).fetchone()[0] == 0
+    assert len(rec.params("RunTask")) == 1
+
+
+def test_registrations_are_paced(estate, unique, database_url):
+    """Registration has its own token bucket: a burst of new images waits its turn instead of being throttled."""
+    waits: list[float] = []
+    launcher, rec = make_launcher(estate, database_url, sleep=waits.append, register_rate_per_s=2.0,
+                                  register_burst=1)
+    for n in range(3):
+        launcher.revisions.arn(task_image(f"{unique}-{n}"))
+    assert len(rec.params("RegisterTaskDefinition")) == 3
+    assert waits == [pytest.approx(0.5, abs=0.1), pytest.approx(1.0, abs=0.1)]  # the first one in the burst
+
+
+def test_token_bucket_reserves_in_order():
+    now = [0.0]
+    waited: list[float] = []
+    bucket = TokenBucket(2.0, 2, clock=lambda: now[0], sleep=waited.append)
+    assert [bucket.acquire() for _ in range(4)] == [0.0, 0.0, 0.5, 1.0]  # a burst of two, then one each 0.5 s
+    now[0] = 10.0  # idle: the bucket refills to its burst, not beyond
+    assert [bucket.acquire() for _ in range(3)] == [0.0, 0.0, 0.5]
+    assert waited == [0.5, 1.0, 0.5]
+    with pytest.raises(ValueError):
+        TokenBucket(0, 1)
+
+
+def test_an_attempt_without_a_task_image_by_digest_is_refused(estate, unique, database_url):
+    launcher, rec = make_launcher(estate, database_url)
+    ref = AttemptRef(run=unique, instance_id="a__a-1", attempt=1)
+    with pytest.raises(TaskImageError, match=r"a__a-1.*no task image.*dispatcher images"):
+        launcher.launch(ref, "s3://b/j.json")
+    with pytest.raises(TaskImageError, match=r"a__a-1.*'evalplane/task:latest' is not a reference by digest"):
+        launcher.launch(ref, "s3://b/j.json", "evalplane/task:latest")
+    assert not rec.params("RunTask") and not rec.params("RegisterTaskDefinition") and not launcher.pending
 
 
 # ---------------------------------------------------------------- placement failures on EC2
 
 
-def test_eval_workers_go_ten_a_call_and_unplaced_ones_are_retried(estate):
-    launcher, rec = make_launcher(estate, retry_interval_s=0.0)
+def test_eval_workers_go_ten_a_call_and_unplaced_ones_are_retried(estate, database_url):
+    launcher, rec = make_launcher(estate, database_url, retry_interval_s=0.0)
     out = StackOutputs.load(estate)
     add_container_instance(out.eval_cluster_arn, "t3.medium")  # room for a few 1 GiB workers only
 
@@ -211,17 +375,21 @@ def test_eval_workers_go_ten_a_call_and_unplaced_ones_are_retried(estate):
     assert launcher.eval_deficit.count == 25 - len(arns) - placed
 
 
-def test_unplaced_attempts_stay_pending_and_are_retried(estate, unique):
-    """Harness attempts on a too-small EC2 instance: fewer placed than asked, the rest pending, then placed."""
+def test_unplaced_attempts_stay_pending_and_are_retried(estate, unique, database_url):
+    """Harness attempts on a too-small EC2 instance: fewer placed than asked, the rest pending, then placed (on
+    their task image's revision, which a retry reuses)."""
     out = StackOutputs.load(estate)
     ecs = boto3.client("ecs")
     small = EcsTarget(out.eval_cluster_arn, out.eval_task_definition_arn, "eval-worker", "EC2")
     client = boto3.client("ecs", region_name="us-east-1")
-    launcher = EcsLauncher(small, client=client, retry_interval_s=0.0, poll_interval_s=0.0)
+    rec = Recorder(client)
+    launcher = EcsLauncher(small, client=client, retry_interval_s=0.0, poll_interval_s=0.0,
+                           revision_cache=PgRevisionCache(database_url))
     add_container_instance(out.eval_cluster_arn, "t3.medium")
 
+    image = task_image(unique)
     refs = [AttemptRef(run=unique, instance_id=f"r__r-{i}", attempt=1) for i in range(20)]
-    handles = [launcher.launch(r, f"s3://b/{r.instance_id}.json") for r in refs]
+    handles = [launcher.launch(r, f"s3://b/{r.instance_id}.json", image) for r in refs]
     placed = [h for h in handles if h.task_id != PENDING]
     waiting = [h for h in handles if h.task_id == PENDING]
     assert placed and waiting and {h.ref for h in launcher.pending} == {h.ref for h in waiting}
@@ -233,6 +401,8 @@ def test_unplaced_attempts_stay_pending_and_are_retried(estate, unique):
     launcher.retry_pending(force=True)
     now_placed = [h for h in waiting if h.task_id != PENDING]
     assert len(now_placed) == min(len(placed), len(waiting))
+    assert len(rec.params("RegisterTaskDefinition")) == 1
+    assert {p["taskDefinition"] for p in rec.params("RunTask")} == {launcher.revisions.arn(image)}
     rest = [h for h in waiting if h.task_id == PENDING]
     assert rest, (len(placed), len(waiting), len(now_placed))  # 20 attempts; moto fits 7 on a t3.medium
     launcher.stop(rest[0])  # the driver's wall-time guard cancels one never placed: it then reads as exited

@@ -160,8 +160,6 @@ def test_eval_task_definition_requires_ec2(estate_snapshot):
     for fam in ("evalplane-harness", "evalplane-judge", "evalplane-gateway"):
         assert tds[fam].inputs["requiresCompatibilities"] == ["FARGATE"]
         assert tds[fam].inputs["networkMode"] == "awsvpc"
-    harness = json.loads(tds["evalplane-harness"].inputs["containerDefinitions"])
-    assert {c["name"] for c in harness} == {"harness", "shim"}
 
 
 def test_no_public_ip_anywhere(estate_snapshot):
@@ -217,7 +215,7 @@ def test_encryption_everywhere(estate_snapshot):
     rule = sse.inputs["rules"][0]["applyServerSideEncryptionByDefault"]
     assert rule == {"sseAlgorithm": "aws:kms", "kmsMasterKeyId": key_arn}
     secrets = s.of("aws:secretsmanager/secret:Secret")
-    assert len(secrets) == 2 and all(x.inputs["kmsKeyId"] == key_arn for x in secrets)
+    assert len(secrets) == 3 and all(x.inputs["kmsKeyId"] == key_arn for x in secrets)  # gateway x2, harness key
     for lt in s.of("aws:ec2/launchTemplate:LaunchTemplate"):
         assert all(bd["ebs"]["encrypted"] == "true" for bd in lt.inputs["blockDeviceMappings"])
 
@@ -239,10 +237,22 @@ def test_bucket_versioning_public_access_block_and_lifecycle(estate_snapshot):
 
 def test_ecr_repositories_immutable_and_scanned(estate_snapshot):
     repos = {r.inputs["name"]: r for r in estate_snapshot.of("aws:ecr/repository:Repository")}
-    assert {"evalplane/harness-base", "evalplane/eval-images"} <= set(repos)
+    assert {"evalplane/harness-base", "evalplane/eval-images", "evalplane/task-images"} <= set(repos)
     for r in repos.values():
         assert r.inputs["imageTagMutability"] == "IMMUTABLE"
         assert r.inputs["imageScanningConfiguration"]["scanOnPush"] is True
+
+
+def test_task_images_repository_belongs_to_the_build_tier(estate_snapshot):
+    s = estate_snapshot
+    repo = s.one("aws:ecr/repository:Repository", "evalplane-build-task-images")
+    assert repo.urn.split("::")[2].startswith("evalplane:build:BuildTier$")
+    assert s.outputs["task_images_repository_url"] == repo.outputs["repositoryUrl"]
+    (lifecycle,) = s.of("aws:ecr/lifecyclePolicy:LifecyclePolicy")
+    assert lifecycle.inputs["repository"] == repo.outputs["name"]
+    (rule,) = json.loads(lifecycle.inputs["policy"])["rules"]
+    assert rule["action"] == {"type": "expire"} and rule["selection"]["countType"] == "sinceImagePushed"
+    assert rule["selection"]["countNumber"] == 90
 
 
 # ---------------------------------------------------------------------------------- gateway tier
@@ -327,7 +337,8 @@ def test_stack_config_drives_the_build(pulumi_mocks):
             "evalplane:targetTasks": "8000",
             "evalplane:headroom": "2.0",
             "evalplane:natPerAz": "true",
-            "evalplane:harnessImageTag": "h-1",
+            "evalplane:harnessEphemeralGb": "40",
+            "evalplane:taskImageExpiryDays": "30",
             "evalplane:monthlyBudgetUsd": "250",
             "evalplane:budgetEmails": '["ops@example.com"]',
             "evalplane:gatewayProviders": '["ANTHROPIC_API_KEY"]',
@@ -349,7 +360,9 @@ def test_stack_config_drives_the_build(pulumi_mocks):
     assert len(m.of("aws:sns/topicSubscription:TopicSubscription")) == 1
     assert m.of("aws:budgets/budget:Budget")[0].inputs["limitAmount"] == "250.00"
     td = m.one("aws:ecs/taskDefinition:TaskDefinition", "evalplane-harness-task")
-    assert any(c["image"].endswith(":h-1") for c in json.loads(td.inputs["containerDefinitions"]))
+    assert td.inputs["ephemeralStorage"]["sizeInGib"] == 40
+    (lifecycle,) = m.of("aws:ecr/lifecyclePolicy:LifecyclePolicy")
+    assert json.loads(lifecycle.inputs["policy"])["rules"][0]["selection"]["countNumber"] == 30
 
 
 def test_invalid_config_is_rejected():
@@ -359,6 +372,10 @@ def test_invalid_config_is_rejected():
         EstateConfig(headroom=0.5)
     with pytest.raises(ValueError):
         tier_subnets(EstateConfig(vpc_cidr="10.40.0.0/20"))
+    with pytest.raises(ValueError, match="harnessEphemeralGb"):
+        EstateConfig(harness_ephemeral_gb=20)  # below Fargate's configurable minimum
+    with pytest.raises(ValueError, match="taskImageExpiryDays"):
+        EstateConfig(task_image_expiry_days=0)
 
 
 def test_every_nested_input_reached_the_provider_in_wire_form(estate_snapshot):

@@ -63,6 +63,49 @@ def test_run_scoped_grants(estate_snapshot):
     assert "ecr:BatchGetImage" in {a for s in p["dispatcher"]["Statement"] for a in s["Action"]}
 
 
+def test_dispatcher_registers_task_image_revisions_of_the_harness_family_only(estate_snapshot):
+    """RegisterTaskDefinition has no resource type: it is narrowed to revisions carrying the harness tier tag (the
+    template's tags, which the launcher copies), tagging on creation to the harness family, and passing roles to
+    the harness and judge roles only."""
+    s = estate_snapshot
+    p = _policies(s)
+    (reg,) = [st for st in p["dispatcher"]["Statement"] if "ecs:RegisterTaskDefinition" in st["Action"]]
+    assert reg["Resource"] == "*" and reg["Condition"] == {
+        "StringEquals": {"aws:RequestTag/evalplane:tier": "harness"}}
+    harness_td = s.one("aws:ecs/taskDefinition:TaskDefinition", "evalplane-harness-task")
+    assert harness_td.inputs["tags"]["evalplane:tier"] == "harness"  # so revisions derived from it may register
+    (tag,) = [st for st in p["dispatcher"]["Statement"]
+              if "ecs:TagResource" in st["Action"] and "RegisterTaskDefinition" in json.dumps(st.get("Condition"))]
+    assert tag["Resource"] == ["arn:aws:ecs:us-east-1:123456789012:task-definition/evalplane-harness:*"]
+    (passrole,) = [st for st in p["dispatcher"]["Statement"] if "iam:PassRole" in st["Action"]]
+    roles = {r.name: r.outputs["arn"] for r in s.of("aws:iam/role:Role")}
+    assert {roles["evalplane-harness-task-role"], roles["evalplane-harness-exec-role"]} <= set(passrole["Resource"])
+    assert "ecs:DescribeTaskDefinition" in {a for st in p["dispatcher"]["Statement"] for a in st["Action"]}
+    bad = {"Statement": [{"Effect": "Allow", "Action": ["ecs:RegisterTaskDefinition"], "Resource": "*"}]}
+    assert iam_violations("dispatcher", bad)  # without the tag condition it is refused
+
+
+def test_build_tier_pushes_task_images_and_the_instance_mirror(estate_snapshot):
+    s = estate_snapshot
+    p = _policies(s)
+    repos = {r.inputs["name"]: r.outputs["arn"] for r in s.of("aws:ecr/repository:Repository")}
+    (push,) = [st for st in p["build-instance"]["Statement"] if "ecr:PutImage" in st["Action"]]
+    assert {repos["evalplane/task-images"], repos["evalplane/eval-images"]} <= set(push["Resource"])
+    # the build records task-image digests in PostgreSQL: the Aurora secret, and Aurora's port from the build group
+    (db_secret,) = [st for st in p["build-instance"]["Statement"] if "secretsmanager:GetSecretValue" in st["Action"]]
+    assert db_secret["Resource"] == [s.outputs["aurora_secret_arn"]]
+    groups = {r.name: r.id for r in s.of("aws:ec2/securityGroup:SecurityGroup")}
+    assert any(r.inputs["securityGroupId"] == groups["evalplane-sg-aurora"]
+               and r.inputs.get("referencedSecurityGroupId") == groups["evalplane-sg-build"] and r.inputs["fromPort"] == 5432
+               for r in s.of("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"))
+    # harness tasks pull their task image, and read the upstream key secret, and nothing else of that kind
+    exec_doc = p["harness-exec"]["Statement"]
+    (pull,) = [st for st in exec_doc if "ecr:BatchGetImage" in st["Action"]]
+    assert pull["Resource"] == [repos["evalplane/task-images"]]
+    (secret,) = [st for st in exec_doc if "secretsmanager:GetSecretValue" in st["Action"]]
+    assert secret["Resource"] == [s.outputs["harness_upstream_key_secret_arn"]]
+
+
 def test_iam_violations_catches_bad_documents():
     bad_action = {"Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "arn:aws:s3:::b/*"}]}
     assert iam_violations("harness-task", bad_action)
