@@ -12,6 +12,7 @@ The driver loop's side (job documents, landed rows, the cancel landing every att
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -70,3 +71,110 @@ def test_aws_backend_launches_from_stack_outputs(estate, database_url, moto_endp
     stopped = ecs.describe_tasks(cluster=outputs.cluster_arn, tasks=[h.task_id for h in handles])["tasks"]
     assert all(t["lastStatus"] == "STOPPED" for t in stopped)
     resources.remove_queues(res)
+
+
+MIRROR = "mirror.example.invalid:5000"
+
+
+def build_tier_records(conn, outputs: StackOutputs, rows: list[dict]) -> dict[str, str]:
+    """What the build tier leaves behind for a run (eval_worker mirror + `python -m dispatcher images` on the
+    estate): each instance image mirrored by digest, each task image recorded for its inputs in the estate's ECR."""
+    from dispatcher import images
+    from eval_worker.records import MirrorRecord, record_mirror
+
+    registry, _, repository = outputs.task_images_repository_url.partition("/")
+    runtime = images.Runtime(tag="", image_id="", inputs=images.runtime_inputs("mini-swe-agent"), built=False)
+    refs = {}
+    for row in rows:
+        digest = "sha256:" + hashlib.sha256(row["instance_id"].encode()).hexdigest()
+        m = MirrorRecord(image=row["image"], registry=MIRROR, repository=f"{MIRROR}/{row['image'].split(':')[0]}",
+                         digest=digest, image_id=digest)
+        record_mirror(conn, m)
+        ref = task_image(row["instance_id"])
+        images.record(conn, images.TaskImage(
+            row["instance_id"], "mini-swe-agent", images.task_inputs(runtime, m.ref, row), registry, ref, digest,
+            m.ref, "sha256:runtime", 1, 1, 1.0))
+        refs[row["instance_id"]] = ref
+    return refs
+
+
+def test_aws_driver_runs_each_attempt_in_its_recorded_task_image(estate, tmp_path, database_url, valkey_url,  # noqa: F811
+                                                                 moto_endpoint, unique):
+    """`python -m dispatcher run` with backend aws: the plan takes each instance's task image from the build tier's
+    records (never building), harness tasks are RunTasks of that image's revision carrying only their job URI, eval
+    workers get their run's queue, and a cancel still lands every attempt. An instance without a recorded task image
+    is refused before anything is written."""
+    import subprocess
+    import sys
+    import time
+
+    import psycopg
+
+    outputs = StackOutputs.load(estate)
+    boto3.client("s3").create_bucket(Bucket=outputs.bucket)
+    add_container_instance(outputs.eval_cluster_arn, "m5.2xlarge")
+    rows = [json.loads(line) for line in (SYNTHETIC / "instances.jsonl").read_text().splitlines()]
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f"""
+[run]
+name = "{unique}"
+[harness]
+name = "mini-swe-agent"
+[model]
+provider = "anthropic"
+model = "claude-sonnet-4-5"
+[instances]
+dataset = "{SYNTHETIC / 'instances.jsonl'}"
+[budget]
+run_usd = 5
+[backend]
+kind = "aws"
+stack_outputs = "{estate}"
+concurrency = 2
+[images]
+instance_registry = "{MIRROR}"
+[eval]
+workers = 2
+""")
+    env = {"PATH": "/usr/bin:/bin", "DATABASE_URL": database_url, "VALKEY_URL": valkey_url,
+           "AWS_ENDPOINT_URL": moto_endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1", "EVALPLANE_STATE_DIR": str(tmp_path / "state"),
+           "RAY_USAGE_STATS_ENABLED": "0", "HOME": str(tmp_path)}
+    root = Path(__file__).resolve().parents[2]
+    refused = subprocess.run([sys.executable, "-m", "dispatcher", "run", str(spec)], env=env, cwd=root,
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "not mirrored to" in refused.stderr, refused.stderr[-2000:]
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT count(*) FROM runs WHERE run = %s", (unique,)).fetchone()[0] == 0
+        refs = build_tier_records(conn, outputs, rows)
+
+    driver = subprocess.Popen([sys.executable, "-m", "dispatcher", "run", str(spec)], env=env, cwd=root,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    ecs = boto3.client("ecs")
+    deadline = time.monotonic() + 180
+    harness: list[str] = []
+    while time.monotonic() < deadline:
+        harness = ecs.list_tasks(cluster=outputs.cluster_arn, startedBy=f"evalplane/{unique}")["taskArns"]
+        if len(harness) >= 2:
+            break
+        assert driver.poll() is None, driver.stderr.read()[-3000:]
+        time.sleep(0.5)
+    tasks = ecs.describe_tasks(cluster=outputs.cluster_arn, tasks=harness)["tasks"]
+    assert len(tasks) == 2  # the planner's first target, within backend.concurrency
+    for t in tasks:
+        (override,) = t["overrides"]["containerOverrides"]
+        assert override["name"] == task_shape.CONTAINER and len(override["command"]) == 1
+        key = override["command"][0].removeprefix(f"s3://{outputs.bucket}/")
+        job = json.loads(boto3.client("s3").get_object(Bucket=outputs.bucket, Key=key)["Body"].read())
+        assert job["repo_source"] == task_shape.TESTBED and job["upstream_url"] == outputs.gateway_url
+        assert "sk-" not in json.dumps(job)
+        assert t["containers"][0]["image"] == refs[job["ref"]["instance_id"]]  # its own task image, by digest
+    cancel = subprocess.run([sys.executable, "-m", "dispatcher", "cancel", str(spec)], env=env, cwd=root,
+                            capture_output=True, text=True)
+    assert cancel.returncode == 0, cancel.stderr
+    assert driver.wait(timeout=180) == 0, driver.stderr.read()[-3000:]
+    with psycopg.connect(database_url) as conn:
+        landed = dict(conn.execute("SELECT instance_id, outcome FROM attempts WHERE run = %s", (unique,)).fetchall())
+    assert len(landed) == len(rows)
+    assert all(t["lastStatus"] == "STOPPED" for t in ecs.describe_tasks(cluster=outputs.cluster_arn,
+                                                                         tasks=harness)["tasks"])
