@@ -4,9 +4,8 @@ A task image is the instance's own image (the official `swebench/sweb.eval.*` im
 tests and the demo, the SWE-bench-shaped stand-ins eval_worker.images builds) with two layers on top:
 
   1. the task runtime under contract.task_shape.RUNTIME_PREFIX: its own CPython built on bullseye, the task runner,
-     the shim and the harness (images/task/Dockerfile.runtime). Nothing goes into the instance's environment, and
-     the instance's Python version does not matter. The layer is the same bytes in every task image, so a registry
-     stores it once and a host pulls it once;
+     the shim and the harness (images/task/Dockerfile.runtime, built once per inputs). Nothing goes into the
+     instance's environment, and the instance's Python version does not matter;
   2. /testbed pruned at the base commit (harness/prune_history.sh): no later commit, branch, tag, remote or reflog.
      Empty when the instance image is already pruned, as the official ones are.
 
@@ -108,15 +107,19 @@ def runtime_inputs(harness: str) -> str:
 
 
 def _wheels(dest: Path) -> None:
-    """The runtime's wheels, downloaded on this host (containers here reach no package index over TLS), cached."""
-    cache = ROOT / ".state" / "wheels" / "task-runtime"
-    cache.mkdir(parents=True, exist_ok=True)
-    plat = [a for p in WHEEL_PLATFORMS for a in ("--platform", p)]
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version",
-                    RUNTIME_PYTHON, *plat, "-c", str(dest.parent / "constraints.txt"), "-r",
-                    str(TASK_DIR / "requirements.txt"), "pip", "-d", str(cache)],
-                   check=True, stdin=subprocess.DEVNULL)
-    shutil.copytree(cache, dest)
+    """The runtime's wheels, downloaded on this host (containers here reach no package index over TLS), once per
+    set of requirements and pins."""
+    key = _sha(_constraints(), (TASK_DIR / "requirements.txt").read_text(), RUNTIME_PYTHON)[:16]
+    cache = ROOT / ".state" / "wheels" / f"task-runtime-{key}"
+    if not (cache / ".complete").exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        plat = [a for p in WHEEL_PLATFORMS for a in ("--platform", p)]
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version",
+                        RUNTIME_PYTHON, *plat, "-c", str(dest.parent / "constraints.txt"), "-r",
+                        str(TASK_DIR / "requirements.txt"), "pip", "-d", str(cache)],
+                       check=True, stdin=subprocess.DEVNULL)
+        (cache / ".complete").touch()
+    shutil.copytree(cache, dest, ignore=shutil.ignore_patterns(".complete"))
 
 
 def _build(client: docker.DockerClient, ctx: Path, tag: str, dockerfile: str, buildargs: dict, labels: dict):
@@ -270,16 +273,20 @@ def build_task_image(client: docker.DockerClient, conn: psycopg.Connection, row:
         return rec
     tag = task_tag(iid, harness, inputs, repository)
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="ep-task-") as tmp:
-        (Path(tmp) / "Dockerfile").write_text(task_dockerfile())
-        image = _build(client, Path(tmp), tag, "Dockerfile", {
-            "RUNTIME_IMAGE": runtime.tag, "INSTANCE_IMAGE": _from_ref(client, instance_image),
-            "BASE_COMMIT": row["base_commit"]}, {
-            f"{task_shape.LABEL_PREFIX}.instance_id": iid, f"{task_shape.LABEL_PREFIX}.harness": harness,
-            f"{task_shape.LABEL_PREFIX}.task_inputs": inputs})
+    existing = None if force else _image_id(client, tag)  # built for these inputs by another database's run
+    if existing:
+        image = client.images.get(existing)
+    else:
+        with tempfile.TemporaryDirectory(prefix="ep-task-") as tmp:
+            (Path(tmp) / "Dockerfile").write_text(task_dockerfile())
+            image = _build(client, Path(tmp), tag, "Dockerfile", {
+                "RUNTIME_IMAGE": runtime.tag, "INSTANCE_IMAGE": _from_ref(client, instance_image),
+                "BASE_COMMIT": row["base_commit"]}, {
+                f"{task_shape.LABEL_PREFIX}.instance_id": iid, f"{task_shape.LABEL_PREFIX}.harness": harness,
+                f"{task_shape.LABEL_PREFIX}.task_inputs": inputs})
+        _remove_superseded(client, {f"{task_shape.LABEL_PREFIX}.instance_id": iid,
+                                    f"{task_shape.LABEL_PREFIX}.harness": harness}, image.id)
     build_s = time.monotonic() - t0
-    _remove_superseded(client, {f"{task_shape.LABEL_PREFIX}.instance_id": iid,
-                                f"{task_shape.LABEL_PREFIX}.harness": harness}, image.id)
     base_size = client.images.get(instance_image).attrs["Size"]
     ref = image.id
     if registry:
@@ -290,9 +297,9 @@ def build_task_image(client: docker.DockerClient, conn: psycopg.Connection, row:
         except MirrorError as e:
             raise ImageProblem(str(e)) from e
     t = TaskImage(iid, harness, inputs, registry, ref, image.id, instance_image, runtime.image_id,
-                  image.attrs["Size"], image.attrs["Size"] - base_size, round(build_s, 3), built=True)
+                  image.attrs["Size"], image.attrs["Size"] - base_size, round(build_s, 3), built=not existing)
     record(conn, t)
-    log.info("built %s (%s) in %.1f s", tag, ref, build_s)
+    log.info("%s %s (%s) in %.1f s", "recorded" if existing else "built", tag, ref, build_s)
     return t
 
 

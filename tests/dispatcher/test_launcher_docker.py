@@ -88,7 +88,7 @@ def launcher(engine, moto_endpoint, valkey_url, unique, tmp_path):
 
 
 PROBE = r"""
-import json, socket, sys, urllib.request
+import json, os, socket, sys, urllib.request
 out = {}
 try:
     out["allowed"] = urllib.request.urlopen(sys.argv[1], timeout=5).read().decode()
@@ -104,11 +104,22 @@ for target in sys.argv[2:]:
     finally:
         s.close()
 try:
-    socket.getaddrinfo("pypi.org", 443); out["dns"] = "resolved"
+    socket.getaddrinfo(os.environ["PROBE_NAME"], 443); out["dns"] = "resolved"
 except OSError:
     out["dns"] = "no"
 print(json.dumps(out))
 """
+
+
+def resolvable_name() -> str:
+    """A name this host resolves (its own apt mirror, read from its configuration): a task must not."""
+    from urllib.parse import urlsplit
+
+    mirror = subprocess.run(["bash", "-c", ". scripts/lib/debian_mirror.sh && debian_mirror"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.strip()
+    name = urlsplit(mirror).hostname
+    socket.getaddrinfo(name, 443)  # the control: the host does resolve it
+    return name
 
 
 def host_addresses() -> list[str]:
@@ -130,7 +141,7 @@ def test_task_reaches_its_upstream_through_the_egress_and_nothing_else(launcher,
             pass
         out = engine.containers.run(IMAGE, ["-c", PROBE, launcher.task_url(launcher.upstream_url) + "/", *targets],
                                     entrypoint=["python3"], network=launcher.egress.name, labels={"test.probe": "1"},
-                                    remove=True)
+                                    environment={"PROBE_NAME": resolvable_name()}, remove=True)
         seen = json.loads(out.decode().strip().splitlines()[-1])
     finally:
         forbidden.shutdown()
