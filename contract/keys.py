@@ -52,3 +52,32 @@ def pool_state(pool: str) -> str:
 
 
 THROTTLED_FIELD = "throttled_total"  # in pool_discovered: the shims' running count of provider 429s
+
+
+# ---------------------------------------------------------------- the dashboard's keys, written by the dispatcher
+# Under ep:live:, not ep:run:, so they outlive the run's own keys (removed at its end) and the dashboard can show
+# how a run ended; they expire LIVE_TTL_S after the run's last update.
+
+LIVE_TTL_S = 7 * 24 * 3600
+
+
+def live_runs() -> str:
+    """Runs the dispatcher has published (zset: run -> last update, epoch seconds): the dashboard's run list."""
+    return "ep:live:runs"
+
+
+def run_live(run: str) -> str:
+    """The driver's view of a run (hash): state, planned, landed, status:<STATUS> counts, running, target, pool,
+    caps, started_at, updated_at; at the end, spent_usd and calls from the ledger."""
+    return f"ep:live:{{{run}}}"
+
+
+def run_live_running(run: str) -> str:
+    """The attempts the driver has a task for (set of "<instance_id>/<attempt>"): whose progress keys to read."""
+    return f"ep:live:{{{run}}}:running"
+
+
+def pool_live(pool: str) -> str:
+    """A pool's recent pacing as the driver measured it from the ledger (hash: admitted_per_min, wait_share,
+    calls, window_s, updated_at)."""
+    return f"ep:pool:{{{pool}}}:live"

@@ -1,4 +1,4 @@
-"""`python -m dispatcher {validate,plan,images,run,resume,cancel,report,status} ...`"""
+"""`python -m dispatcher {validate,plan,images,run,resume,cancel,report,status,dashboard,judge} ...`"""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from dispatcher.spec import SpecError, load_spec
 
 EXIT_SPEC = 2
 EXIT_CONFLICT = 3
+DASHBOARD_PORT = 8270  # dispatcher.dashboard.app.DEFAULT_PORT (not imported: aiohttp is not needed by every command)
 
 
 def _plan(spec_file: str, err: Console) -> Plan | None:
@@ -176,15 +177,77 @@ def _report(plan: Plan, out_dir: str | None, out: Console) -> int:
 
 
 def cmd_report(args, out: Console, err: Console) -> int:
-    plan = _plan(args.spec, err)
-    if plan is None:
+    """A spec file: its run's official outputs again, then the report. A run name: the report (and the official
+    outputs too where the run's stored spec still loads). --compare: the two runs side by side, paired."""
+    from dispatcher.report import build
+    from dispatcher.report.figures import NoSuchRun
+    from dispatcher.spec import RUN_NAME
+
+    is_spec = Path(args.target).is_file()
+    if not is_spec and not RUN_NAME.match(args.target):
+        err.print(f"[bold red]error:[/] {args.target!r} is neither a spec file nor a run name")
         return EXIT_SPEC
+    plan = _plan(args.target, err) if is_spec else None
+    if is_spec and plan is None:
+        return EXIT_SPEC
+    run = plan.spec.run.name if plan else args.target
     with db.connect() as conn:
         db.migrate(conn)
-        if conn.execute("SELECT 1 FROM runs WHERE run = %s", (plan.spec.run.name,)).fetchone() is None:
-            err.print(f"[bold red]error:[/] no run named {plan.spec.run.name!r}")
+        for name in filter(None, (run, args.compare)):
+            if conn.execute("SELECT 1 FROM runs WHERE run = %s", (name,)).fetchone() is None:
+                err.print(f"[bold red]error:[/] no run named {name!r}")
+                return 1
+        if plan is None:
+            plan = _stored_plan(conn, run, err)
+    if plan is not None and not args.compare:
+        _report(plan, args.out, out)
+    dest = Path(args.out) / "report" if args.out else localstack.state_dir() / (
+        f"reports/{run}-vs-{args.compare}" if args.compare else f"runs/{run}/report")
+    with db.connect() as conn:
+        try:
+            report, files = build.build(conn, run, dest, args.compare)
+        except (NoSuchRun, ValueError) as e:
+            err.print(f"[bold red]error:[/] {e}")
             return 1
-    return _report(plan, args.out, out)
+    build.print_summary(out, report, files)
+    return 0
+
+
+def _stored_plan(conn, run: str, err: Console) -> Plan | None:
+    """The plan of a run from the spec its row stores (paths in it are absolute), or None if that no longer loads
+    (a dataset moved): the official outputs need the dataset's rows, the report does not."""
+    from pydantic import ValidationError
+
+    from dispatcher.spec import Spec
+
+    spec = conn.execute("SELECT spec FROM runs WHERE run = %s", (run,)).fetchone()[0]
+    try:
+        return make_plan(Spec.model_validate(spec, context={"base_dir": "/"}))
+    except (ValidationError, SpecError) as e:
+        err.print(f"[yellow]warning:[/] run {run!r}: its stored spec no longer loads, so the official outputs are "
+                  f"not rewritten (`report SPEC` does): {str(e).splitlines()[0]}", soft_wrap=True)
+        return None
+
+
+def cmd_dashboard(args, out: Console, err: Console) -> int:
+    """Serve the live dashboard until interrupted (SIGINT/SIGTERM)."""
+    import asyncio
+    import signal
+
+    from dispatcher.dashboard.app import serve
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        await serve(_valkey_url(), args.host, args.port, Path(args.port_file) if args.port_file else None, stop)
+
+    try:
+        asyncio.run(main())
+    except OSError as e:
+        err.print(f"[bold red]error:[/] cannot serve on {args.host}:{args.port}: {e}")
+        return 1
+    return 0
 
 
 def cmd_plan(args, out: Console, err: Console) -> int:
@@ -305,9 +368,14 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("images", help="build (or reuse) each instance's task image, push it, record its digest")
     p.add_argument("spec")
     p.add_argument("--force", action="store_true", help="rebuild even where the inputs did not change")
-    p = sub.add_parser("report", help="print the results of a spec's run and write its outputs again")
-    p.add_argument("spec")
-    p.add_argument("--out")
+    p = sub.add_parser("report", help="a run's report (figures, plots, HTML); with a spec, its official outputs too")
+    p.add_argument("target", metavar="RUN|SPEC", help="a run name, or the spec file of a run")
+    p.add_argument("--compare", metavar="RUN_B", help="compare with another run: paired, on their shared instances")
+    p.add_argument("--out", help="folder for the outputs (the report goes to its report/ subfolder)")
+    p = sub.add_parser("dashboard", help="serve the live dashboard (reads Valkey only)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=DASHBOARD_PORT, help=f"0 = any free port (default {DASHBOARD_PORT})")
+    p.add_argument("--port-file", help="write the dashboard's URL here once it serves")
     p = sub.add_parser("plan", help="predict fleet size, wall time and cost before launching anything")
     p.add_argument("spec")
     p = sub.add_parser("resume", help="resume an unfinished run (after a crash or kill of its driver)")
@@ -323,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Console() if sys.stdout.isatty() else Console(width=160)
     err = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)
     commands = {"run": cmd_run, "validate": cmd_validate, "images": cmd_images, "report": cmd_report, "status": cmd_status,
-                "plan": cmd_plan, "resume": cmd_resume, "cancel": cmd_cancel}
+                "plan": cmd_plan, "resume": cmd_resume, "cancel": cmd_cancel, "dashboard": cmd_dashboard}
     return commands[args.cmd](args, out, err)
 
 

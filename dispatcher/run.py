@@ -38,6 +38,7 @@ from dispatcher import localstack, resources
 from dispatcher.actors import PoolPacer, ResultsWriterActor
 from dispatcher.launchers.base import TaskHandle
 from dispatcher.launchers.process import ProcessLauncher, local_task_env
+from dispatcher.live import start_live
 from dispatcher.local_services import LocalServices
 from dispatcher.plan import Plan
 from dispatcher.planner import Planner, observe
@@ -213,7 +214,8 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
         task_upstream, task_valkey = launcher.task_url(upstream), launcher.task_url(valkey_url)
         loop = DriverLoop(plan, res, conn, valkey, launcher, pacer,
                           lambda ref: make_job(plan, res, ref, task_upstream, task_valkey))
-        progress = Progress(console, run, len(plan.refs))
+        # The live view (issue 27): the dashboard's keys, and the dashboard itself with backend.dashboard = true.
+        progress = Progress(console, run, len(plan.refs), live=start_live(valkey, plan, loop, valkey_url, console))
         while not loop.step(progress):
             for w in workers:
                 if w.poll() is not None:

@@ -1,4 +1,4 @@
-"""The run's results: a table, SWE-bench predictions.jsonl and the official run report JSON.
+"""The run's official results: a table, SWE-bench predictions.jsonl and the official run report JSON.
 
 PostgreSQL is the source of truth; per-instance report.json files are rebuilt from the rows and the
 eval logs are fetched from the run's S3 prefix, so the official `make_run_report` can be called as is.
