@@ -229,6 +229,98 @@ def _stored_plan(conn, run: str, err: Console) -> Plan | None:
         return None
 
 
+def cmd_judge(args, out: Console, err: Console) -> int:
+    """Judge every attempt of a run without a verdict for the rubric: here, or in an ECS task for a run on AWS."""
+    import secrets
+
+    from pydantic import ValidationError
+
+    from dispatcher.judge import rubric as rubrics
+    from dispatcher.judge.runner import JudgePass, JudgeSettings
+
+    try:
+        rubric = rubrics.load(_local_copy(args.rubric)) if args.rubric else rubrics.DEFAULT
+    except rubrics.RubricError as e:
+        err.print(f"[bold red]rubric:[/] {e}", markup=True, highlight=False, soft_wrap=True)
+        return EXIT_SPEC
+    with db.connect() as conn:
+        db.migrate(conn)
+        row = conn.execute("SELECT backend, spec FROM runs WHERE run = %s", (args.run,)).fetchone()
+    if row is None:
+        err.print(f"[bold red]error:[/] no run named {args.run!r}")
+        return 1
+    backend, spec = row
+    if backend == "aws" and not args.here:
+        from dispatcher.judge.ecs import launch
+        from dispatcher.launchers.stack_outputs import StackOutputsError
+
+        try:
+            arn = launch(spec["backend"]["stack_outputs"], args.run, judge_argv(args))
+        except (StackOutputsError, RuntimeError) as e:
+            err.print(f"[bold red]error:[/] {e}", soft_wrap=True)
+            return 1
+        out.print(f"judge task started for run {args.run!r}: {arn}")
+        return 0
+    services = None
+    if args.base_url:
+        upstream, key = args.base_url, os.environ.get(args.api_key_env, "")
+        if not key:
+            err.print(f"[bold red]error:[/] --api-key-env: environment variable {args.api_key_env} is not set")
+            return EXIT_SPEC
+    elif backend == "local":
+        from dispatcher.local_services import LocalServices
+
+        localstack.ensure_moto()
+        services = LocalServices(localstack.state_dir() / "runs" / args.run / "judge")
+        upstream, key = services.simulator(["--policy", "judge"], "sk-judge-" + secrets.token_hex(16))
+    else:
+        err.print("[bold red]error:[/] --base-url is required for a run on AWS")
+        return EXIT_SPEC
+    try:
+        settings = JudgeSettings(provider=args.provider, model=args.model, upstream_url=upstream,
+                                 budget_usd=args.budget_usd, attempt_usd=args.attempt_usd,
+                                 max_tokens=args.max_tokens, concurrency=args.concurrency, valkey_url=_valkey_url())
+    except ValidationError as e:
+        for problem in e.errors():
+            err.print(f"--{str(problem['loc'][0]).replace('_', '-')}: {problem['msg']}", highlight=False)
+        return EXIT_SPEC
+    judge = JudgePass(args.run, rubric, settings, key, localstack.state_dir() / "judge", db.database_url())
+    summary = judge.run_pass()
+    out.print(f"run {args.run}, rubric {rubric.name} ({rubric.sha}): {summary.judged} judged,"
+              f" {summary.parse_failures} parse failure(s), {summary.no_trajectory} without a trajectory,"
+              f" {summary.over_attempt_cap} over the per-trajectory cap, {summary.left} left for a rerun;"
+              f" calls in the ledger under run {judge.judge_run!r}", highlight=False, soft_wrap=True)
+    for problem in summary.problems[:20]:
+        err.print(f"  {problem}", markup=False, highlight=False, soft_wrap=True)
+    if services is not None and not summary.left:
+        services.stop_all()
+    return 1 if summary.left else 0
+
+
+def judge_argv(args) -> list[str]:
+    """The judge's own command line, for the ECS task that runs it (`--here`: in that task)."""
+    argv = ["judge", args.run, "--here", "--provider", args.provider, "--model", args.model,
+            "--api-key-env", args.api_key_env, "--budget-usd", str(args.budget_usd), "--max-tokens",
+            str(args.max_tokens), "--concurrency", str(args.concurrency)]
+    for flag, value in (("--rubric", args.rubric), ("--base-url", args.base_url), ("--attempt-usd", args.attempt_usd)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _local_copy(path: str) -> str:
+    """A rubric given as s3://... (the ECS judge task's) is read from S3 into a temporary file."""
+    if not path.startswith("s3://"):
+        return path
+    import tempfile
+
+    from contract import aws
+
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+        f.write(aws.get_text(path))
+    return f.name
+
+
 def cmd_dashboard(args, out: Console, err: Console) -> int:
     """Serve the live dashboard until interrupted (SIGINT/SIGTERM)."""
     import asyncio
@@ -372,6 +464,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("target", metavar="RUN|SPEC", help="a run name, or the spec file of a run")
     p.add_argument("--compare", metavar="RUN_B", help="compare with another run: paired, on their shared instances")
     p.add_argument("--out", help="folder for the outputs (the report goes to its report/ subfolder)")
+    p = sub.add_parser("judge", help="a model judges each attempt's trajectory against a rubric (one verdict row each)")
+    p.add_argument("run")
+    p.add_argument("--rubric", help="a TOML rubric (or s3:// URI of one); default: solved, looked_outside, tampered_tests")
+    p.add_argument("--provider", choices=("openai", "anthropic"), default="openai")
+    p.add_argument("--model", default="gpt-4o-mini", help="the judge's model (priced from LiteLLM's table)")
+    p.add_argument("--base-url", help="the gateway; unset with a local run: the provider simulator's judge policy")
+    p.add_argument("--api-key-env", default="EVALPLANE_JUDGE_KEY", help="env var with the judge's own provider key")
+    p.add_argument("--budget-usd", type=float, default=1.0, help="the judge's own budget for the pass (default 1.0)")
+    p.add_argument("--attempt-usd", type=float, help="a cap per judged trajectory")
+    p.add_argument("--max-tokens", type=int, default=1024)
+    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--here", action="store_true", help="judge in this process even for a run on AWS (the ECS task's)")
     p = sub.add_parser("dashboard", help="serve the live dashboard (reads Valkey only)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=DASHBOARD_PORT, help=f"0 = any free port (default {DASHBOARD_PORT})")
@@ -391,7 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Console() if sys.stdout.isatty() else Console(width=160)
     err = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)
     commands = {"run": cmd_run, "validate": cmd_validate, "images": cmd_images, "report": cmd_report, "status": cmd_status,
-                "plan": cmd_plan, "resume": cmd_resume, "cancel": cmd_cancel, "dashboard": cmd_dashboard}
+                "plan": cmd_plan, "resume": cmd_resume, "cancel": cmd_cancel, "dashboard": cmd_dashboard,
+                "judge": cmd_judge}
     return commands[args.cmd](args, out, err)
 
 

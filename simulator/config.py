@@ -28,7 +28,7 @@ class SimulatorConfig(BaseModel):
     seed: int | None = Field(None, description="seed for the fault dice")
     ttft_ms: float = Field(0.0, ge=0, description="time to first token")
     tokens_per_s: float = Field(0.0, ge=0, description="output pace (0 = instant)")
-    policy: str = Field("echo", description="`echo` or a path to a JSON demo policy file")
+    policy: str = Field("echo", description="`echo`, `judge` or a path to a JSON demo policy file")
     dataset: Path | None = Field(None, description="SWE-bench .jsonl for the demo policy")
     cache_prompts: int = Field(100_000, ge=1, description="prompts kept for prompt caching (LRU)")
     report_timing: bool = Field(
@@ -48,7 +48,7 @@ class SimulatorConfig(BaseModel):
 
     @model_validator(mode="after")
     def _demo_needs_dataset(self) -> SimulatorConfig:
-        if self.policy != "echo" and self.dataset is None:
+        if self.policy not in ("echo", "judge") and self.dataset is None:
             raise ValueError("a demo policy file needs --dataset")
         return self
 

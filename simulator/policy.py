@@ -117,6 +117,10 @@ class DemoPolicy:
 def load_policy(config: SimulatorConfig) -> Policy:
     if config.policy == "echo":
         return EchoPolicy()
+    if config.policy == "judge":  # answers a judge's rubric (dispatcher/judge)
+        from simulator.judge_policy import JudgePolicy
+
+        return JudgePolicy()
     rules = PolicyFile.model_validate_json(Path(config.policy).read_text())
     assert config.dataset is not None  # guaranteed by SimulatorConfig
     lines = config.dataset.read_text().splitlines()

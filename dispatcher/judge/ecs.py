@@ -1,0 +1,28 @@
+"""The judge on AWS: one Fargate task from the estate's judge task definition (components/control.py), in the
+harness subnets under the judge's security group, running `python -m dispatcher judge RUN --here ...`. Its
+environment (the database, the gateway, the judge's key) comes from the task definition, not from here."""
+
+from __future__ import annotations
+
+from contract import aws
+from dispatcher.launchers.ecs import EcsTarget, started_by
+from dispatcher.launchers.stack_outputs import StackOutputs
+
+CONTAINER = "judge"  # the container name in the judge task definition
+
+
+def launch(stack_outputs: str, run: str, argv: list[str]) -> str:
+    """Start the judge's task; returns its ARN. Raises RuntimeError with ECS's reason when it is not placed."""
+    outputs = StackOutputs.load(stack_outputs)
+    target = EcsTarget(cluster=outputs.cluster_arn, task_definition=outputs.judge_task_definition_arn,
+                       container=CONTAINER, subnets=tuple(outputs.harness_subnet_ids),
+                       security_groups=(outputs.judge_security_group_id,))
+    resp = aws.client("ecs").run_task(
+        cluster=target.cluster, taskDefinition=target.task_definition, launchType=target.launch_type, count=1,
+        startedBy=started_by(run + ".judge"), **target.network(),
+        overrides={"containerOverrides": [{"name": CONTAINER, "command": ["python", "-m", "dispatcher", *argv]}]},
+        tags=[{"key": "evalplane:run", "value": run}, {"key": "evalplane:role", "value": "judge"}])
+    if not resp.get("tasks"):
+        reasons = "; ".join(f"{f.get('arn', '')}: {f.get('reason', '')}" for f in resp.get("failures", []))
+        raise RuntimeError(f"the judge task was not started: {reasons or 'no reason given'}")
+    return resp["tasks"][0]["taskArn"]
