@@ -1,6 +1,7 @@
 """The judge on AWS: one Fargate task from the estate's judge task definition (components/control.py), in the
-harness subnets under the judge's security group, running `python -m dispatcher judge RUN --here ...`. Its
-environment (the database, the gateway, the judge's key) comes from the task definition, not from here."""
+harness subnets under the judge's security group, running `python -m dispatcher judge RUN --here ...` against the
+estate's gateway and Valkey (from the stack outputs). Its secrets (the database's credentials, the judge's key) come
+from the task definition, never through here."""
 
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ def launch(stack_outputs: str, run: str, argv: list[str]) -> str:
     target = EcsTarget(cluster=outputs.cluster_arn, task_definition=outputs.judge_task_definition_arn,
                        container=CONTAINER, subnets=tuple(outputs.harness_subnet_ids),
                        security_groups=(outputs.judge_security_group_id,))
+    if "--base-url" not in argv:
+        argv = [*argv, "--base-url", outputs.gateway_url]
     resp = aws.client("ecs").run_task(
         cluster=target.cluster, taskDefinition=target.task_definition, launchType=target.launch_type, count=1,
         startedBy=started_by(run + ".judge"), **target.network(),
-        overrides={"containerOverrides": [{"name": CONTAINER, "command": ["python", "-m", "dispatcher", *argv]}]},
+        overrides={"containerOverrides": [{"name": CONTAINER, "command": ["python", "-m", "dispatcher", *argv],
+                                           "environment": [{"name": "VALKEY_URL", "value": outputs.valkey_url}]}]},
         tags=[{"key": "evalplane:run", "value": run}, {"key": "evalplane:role", "value": "judge"}])
     if not resp.get("tasks"):
         reasons = "; ".join(f"{f.get('arn', '')}: {f.get('reason', '')}" for f in resp.get("failures", []))
