@@ -250,6 +250,14 @@ def cmd_judge(args, out: Console, err: Console) -> int:
         err.print(f"[bold red]error:[/] no run named {args.run!r}")
         return 1
     backend, spec = row
+    try:  # the flags first: a bad one is refused before anything starts
+        settings = JudgeSettings(provider=args.provider, model=args.model, upstream_url=args.base_url or "unset",
+                                 budget_usd=args.budget_usd, attempt_usd=args.attempt_usd,
+                                 max_tokens=args.max_tokens, concurrency=args.concurrency, valkey_url=_valkey_url())
+    except ValidationError as e:
+        for problem in e.errors():
+            err.print(f"--{str(problem['loc'][0]).replace('_', '-')}: {problem['msg']}", highlight=False)
+        return EXIT_SPEC
     if backend == "aws" and not args.here:
         from dispatcher.judge.ecs import launch
         from dispatcher.launchers.stack_outputs import StackOutputsError
@@ -276,14 +284,7 @@ def cmd_judge(args, out: Console, err: Console) -> int:
     else:
         err.print("[bold red]error:[/] --base-url is required for a run on AWS")
         return EXIT_SPEC
-    try:
-        settings = JudgeSettings(provider=args.provider, model=args.model, upstream_url=upstream,
-                                 budget_usd=args.budget_usd, attempt_usd=args.attempt_usd,
-                                 max_tokens=args.max_tokens, concurrency=args.concurrency, valkey_url=_valkey_url())
-    except ValidationError as e:
-        for problem in e.errors():
-            err.print(f"--{str(problem['loc'][0]).replace('_', '-')}: {problem['msg']}", highlight=False)
-        return EXIT_SPEC
+    settings = settings.model_copy(update={"upstream_url": upstream})
     judge = JudgePass(args.run, rubric, settings, key, localstack.state_dir() / "judge", db.database_url())
     summary = judge.run_pass()
     out.print(f"run {args.run}, rubric {rubric.name} ({rubric.sha}): {summary.judged} judged,"

@@ -76,13 +76,13 @@ class LiveRun:
 
     def __init__(self, valkey: redis.Redis, plan: Plan, loop: DriverView,
                  connect: Callable[[], psycopg.Connection] = db.connect, every_s: float = 1.0,
-                 pool_every_s: float = 5.0):
+                 pool_every_s: float = 5.0, ledger_every_s: float = 15.0):
         self.valkey, self.plan, self.loop, self.connect = valkey, plan, loop, connect
         spec = plan.spec
         self.run, self.pool = spec.run.name, spec.pool
-        self.every_s, self.pool_every_s = every_s, pool_every_s
+        self.every_s, self.pool_every_s, self.ledger_every_s = every_s, pool_every_s, ledger_every_s
         self._conn: psycopg.Connection | None = None
-        self._last = self._last_pool = 0.0
+        self._last = self._last_pool = self._last_ledger = -1e9
         self._started = time.time()
         self._running_members: set[str] = set()
         self._statuses: set[str] = set()  # every status published: one whose count went back to 0 is written as 0
@@ -117,7 +117,9 @@ class LiveRun:
         if now - self._last_pool >= self.pool_every_s:  # the ledger's figures, every few seconds
             self._last_pool = now
             pacing = pool_pacing(self._db(), self.pool)
-            fields |= ledger_totals(self._db(), self.run)
+            if now - self._last_ledger >= self.ledger_every_s:  # a sum over the run's whole ledger: less often
+                self._last_ledger = now
+                fields |= ledger_totals(self._db(), self.run)
         with self.valkey.pipeline(transaction=True) as p:
             if self._fresh:
                 p.delete(keys.run_live(self.run), keys.run_live_running(self.run))
@@ -142,14 +144,22 @@ class LiveRun:
             self._conn = self.connect()
         return self._conn
 
-    def spend(self) -> tuple[Decimal, Decimal]:
-        """(spent, held) on the run's budget as the shims keep it, in USD."""
-        spent, held = self.valkey.hmget(keys.run_budget(self.run), ["spent", "held"])
+    def spend(self) -> tuple[Decimal, Decimal] | None:
+        """(spent, held) on the run's budget as the shims keep it, in USD; None if Valkey does not answer."""
+        try:
+            spent, held = self.valkey.hmget(keys.run_budget(self.run), ["spent", "held"])
+        except redis.RedisError:
+            return None
         return micro_to_usd(spent), micro_to_usd(held)
 
-    def finish(self) -> dict[str, str]:
-        """The run's final view from its rows and ledger (the run's own Valkey keys are about to go)."""
-        final = run_totals(self._db(), self.run)
+    def finish(self) -> dict[str, str] | None:
+        """The run's final view from its rows and ledger (the run's own Valkey keys are about to go); None if the
+        database did not answer (the run's end does not wait on its live view)."""
+        try:
+            final = run_totals(self._db(), self.run)
+        except psycopg.Error as e:
+            log.warning("live view not finished: %s", e)
+            return None
         fields = self._static | {f"status:{s}": "0" for s in self._statuses} | final | {
             "running": "0", "updated_at": f"{time.time():.3f}", "finished_at": f"{time.time():.3f}"}
         try:
@@ -160,7 +170,7 @@ class LiveRun:
                 p.zadd(keys.live_runs(), {self.run: time.time()})
                 p.hset(keys.pool_live(self.pool), mapping=pool_pacing(self._db(), self.pool))
                 p.execute()
-        except redis.RedisError as e:
+        except (redis.RedisError, psycopg.Error) as e:
             log.warning("live view not finished: %s", e)
         if self._conn is not None:
             self._conn.close()

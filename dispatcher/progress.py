@@ -65,7 +65,8 @@ class Progress:
         if self._done_at_start is None:
             self._done_at_start = done
         active = sum(1 for t in list(running.values()) if t.exit_code is None)
-        spent = self.live.spend()[0] if self.live is not None else None
+        spend = self.live.spend() if self.live is not None else None
+        spent = spend[0] if spend else None
         eta = eta_s(done, self.total, now - self._started, self._done_at_start)
         if self._panel is None:
             self.console.print(self.line(counts, active, spent, eta), highlight=False, soft_wrap=True)
@@ -99,8 +100,8 @@ class Progress:
     def done(self) -> None:
         if self._panel is not None and self._panel.is_started:
             self._panel.stop()
-        if self.live is not None:
-            final = self.live.finish()
+        final = self.live.finish() if self.live is not None else None
+        if final:
             self.console.print(f"{self.run}: all {self.total} attempts landed; ${Decimal(final['spent_usd']):.6f}"
                                f" over {final['calls']} call(s) (ledger)", highlight=False)
             return

@@ -5,6 +5,7 @@ in the README (docs/images/) are made here."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -75,43 +76,45 @@ def watched(demo_env, browser):
     tmp, env = demo_env
     run = f"watched-{os.getpid()}-{int(time.time()) % 100000}"
     port_file = tmp / "dashboard.url"
-    dash = subprocess.Popen([sys.executable, "-m", "dispatcher", "dashboard", "--port", "0", "--port-file",
-                             str(port_file)], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=open(tmp / "dashboard.log", "wb"), start_new_session=True)
-    proc = None
-    try:
-        deadline = time.monotonic() + 60
-        while not port_file.exists():
-            assert dash.poll() is None and time.monotonic() < deadline, (tmp / "dashboard.log").read_text()
-            time.sleep(0.1)
-        url = port_file.read_text().strip()
-        browser.get(f"{url}?run={run}")
-        browser.execute_script("window.__sameDocument = 42")  # gone if the page ever reloads
-        proc = subprocess.Popen([sys.executable, "-m", "dispatcher", "run", str(demo_spec(tmp, run)), "--out",
-                                 str(tmp / "out")], env=env, cwd=ROOT, stdout=open(tmp / "run.out", "wb"),
-                                stderr=open(tmp / "run.err", "wb"), start_new_session=True)
-        seen, shot = [], False
-        deadline = time.monotonic() + 900
-        while proc.poll() is None and time.monotonic() < deadline:
-            snap = browser.execute_script(SNAPSHOT_JS)
-            seen.append(snap)
-            if not shot and snap["visible"] and snap["running"] not in (None, "0") and int(snap["final"]) >= 2:
-                shoot(browser, IMAGES / "dashboard.png")  # mid-run: tasks running, spend moving
-                shot = True
-            time.sleep(0.5)
-        assert proc.returncode == 0, (tmp / "run.err").read_text()[-4000:]
-        deadline = time.monotonic() + 30
-        while (end := browser.execute_script(SNAPSHOT_JS))["state"] != "finished" and time.monotonic() < deadline:
-            time.sleep(0.3)
-        if not shot:
-            shoot(browser, IMAGES / "dashboard.png")
-        yield {"run": run, "seen": seen, "end": end, "env": env, "tmp": tmp,
-               "same_document": browser.execute_script("return window.__sameDocument")}
-    finally:
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-        os.killpg(dash.pid, signal.SIGTERM)
-        dash.wait(timeout=30)
+    with contextlib.ExitStack() as logs:
+        log = lambda name: logs.enter_context(open(tmp / name, "wb"))
+        dash = subprocess.Popen([sys.executable, "-m", "dispatcher", "dashboard", "--port", "0", "--port-file",
+                                 str(port_file)], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=log("dashboard.log"), start_new_session=True)
+        proc = None
+        try:
+            deadline = time.monotonic() + 60
+            while not port_file.exists():
+                assert dash.poll() is None and time.monotonic() < deadline, (tmp / "dashboard.log").read_text()
+                time.sleep(0.1)
+            url = port_file.read_text().strip()
+            browser.get(f"{url}?run={run}")
+            browser.execute_script("window.__sameDocument = 42")  # gone if the page ever reloads
+            proc = subprocess.Popen([sys.executable, "-m", "dispatcher", "run", str(demo_spec(tmp, run)), "--out",
+                                     str(tmp / "out")], env=env, cwd=ROOT, stdout=log("run.out"),
+                                    stderr=log("run.err"), start_new_session=True)
+            seen, shot = [], False
+            deadline = time.monotonic() + 900
+            while proc.poll() is None and time.monotonic() < deadline:
+                snap = browser.execute_script(SNAPSHOT_JS)
+                seen.append(snap)
+                if not shot and snap["visible"] and snap["running"] not in (None, "0") and int(snap["final"]) >= 2:
+                    shoot(browser, IMAGES / "dashboard.png")  # mid-run: tasks running, spend moving
+                    shot = True
+                time.sleep(0.5)
+            assert proc.returncode == 0, (tmp / "run.err").read_text()[-4000:]
+            deadline = time.monotonic() + 30
+            while (end := browser.execute_script(SNAPSHOT_JS))["state"] != "finished" and time.monotonic() < deadline:
+                time.sleep(0.3)
+            if not shot:
+                shoot(browser, IMAGES / "dashboard.png")
+            yield {"run": run, "seen": seen, "end": end, "env": env, "tmp": tmp,
+                   "same_document": browser.execute_script("return window.__sameDocument")}
+        finally:
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(dash.pid, signal.SIGTERM)
+            dash.wait(timeout=30)
 
 
 def test_the_dashboard_follows_the_run_and_ends_with_postgres_numbers(watched, database_url):
@@ -142,7 +145,7 @@ def test_the_dashboard_follows_the_run_and_ends_with_postgres_numbers(watched, d
 def test_the_report_of_the_demo_run(watched, browser, database_url):
     out = watched["tmp"] / "report-out"
     p = subprocess.run([sys.executable, "-m", "dispatcher", "report", watched["run"], "--out", str(out)],
-                       env=watched["env"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                       env=watched["env"], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((out / "report" / "summary.json").read_text())["runs"][0]
     with psycopg.connect(database_url) as conn:
@@ -161,7 +164,7 @@ def test_the_judge_reads_the_demo_runs_trajectories(watched, database_url):
 
     try:
         p = subprocess.run([sys.executable, "-m", "dispatcher", "judge", watched["run"]], env=watched["env"],
-                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+                           cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     finally:
         LocalServices(Path(watched["env"]["EVALPLANE_STATE_DIR"]) / "runs" / watched["run"] / "judge").stop_all()
     assert p.returncode == 0, p.stderr[-3000:]

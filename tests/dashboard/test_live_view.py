@@ -20,10 +20,9 @@ from psycopg.types.json import Jsonb
 from rich.console import Console
 
 from contract import keys
-from contract.models import AttemptRef
 from dispatcher.dashboard.app import start
 from dispatcher.dashboard.view import ValkeyLiveSource
-from dispatcher.live import LiveRun
+from dispatcher.live import LiveRun, start_live
 from dispatcher.plan import make_plan
 from dispatcher.progress import Progress, eta_s
 from dispatcher.spec import load_spec
@@ -78,7 +77,7 @@ def test_a_run_live_then_finished(tmp_path, pg, valkey, valkey_url, unique):
     assert pool == f"pool-{unique}"
     refs = plan.refs
     running = {refs[0]: Task(), refs[1]: Task(), refs[2]: Task(exit_code=0)}  # the third exited, not yet landed
-    live = LiveRun(valkey, plan, Loop(target=3, running=running), every_s=0, pool_every_s=0)
+    live = LiveRun(valkey, plan, Loop(target=3, running=running), every_s=0, pool_every_s=0, ledger_every_s=0)
     pg.execute("INSERT INTO runs (run, spec, spec_hash, backend, attempts) VALUES (%s, %s, 'h', 'local', 5)",
                (unique, Jsonb({})))
     add_calls(pg, unique, pool, 6, "0.000100001", wait_ms=25, latency_ms=100)
@@ -211,3 +210,31 @@ def test_terminal_progress_shows_statuses_spend_against_the_cap_and_an_eta(tmp_p
         assert "spent $0.460000 of $0.5 cap (92.0%)" in text and "2 task(s) running" in text
     finally:
         valkey.delete(keys.run_budget(unique))
+
+
+def test_a_run_with_backend_dashboard_serves_it_from_the_driver(tmp_path, valkey, valkey_url, unique, monkeypatch):
+    from tests.conftest import free_port
+
+    port = free_port()
+    monkeypatch.setenv("EVALPLANE_DASHBOARD_PORT", str(port))
+    plan = plan_for(tmp_path, unique)
+    plan.spec.backend.dashboard = True
+    console = Console(record=True, width=200)
+    live = start_live(valkey, plan, Loop(target=1, running={}), valkey_url, console)
+    try:
+        assert live.dashboard_url == f"http://127.0.0.1:{port}/"
+        assert f"dashboard: http://127.0.0.1:{port}/?run={unique}" in console.export_text()
+        live.update({"RESOLVED": 1}, {})
+
+        async def get():
+            async with aiohttp.ClientSession() as s, s.get(live.dashboard_url + f"api/runs/{unique}") as r:
+                return r.status, await r.json()
+
+        status, body = asyncio.run(get())
+        assert status == 200 and body["statuses"] == {"RESOLVED": 1} and body["state"] == "running"
+        # A second run on the same machine finds the port taken: it says so and runs on without one.
+        again = start_live(valkey, plan, Loop(target=1, running={}), valkey_url, console)
+        assert again.dashboard_url is None and f"port {port} is taken" in console.export_text()
+    finally:
+        valkey.delete(keys.run_live(unique), keys.run_live_running(unique), keys.pool_live(plan.spec.pool))
+        valkey.zrem(keys.live_runs(), unique)

@@ -13,7 +13,6 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
-import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
@@ -93,7 +92,7 @@ def env(tmp_path, database_url, valkey_url, moto_endpoint):
 
 def judge(env, *args, timeout=600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dispatcher", "judge", *args], env=env, capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT)
+                          text=True, timeout=timeout, cwd=ROOT, check=False)
 
 
 def verdicts(pg, run: str) -> dict[str, tuple]:
@@ -199,6 +198,13 @@ def test_the_judge_stays_within_its_budget_and_a_rerun_finishes(pg, env, unique)
 
 def test_a_custom_rubric_and_a_bad_one(pg, env, tmp_path, unique):
     make_run(pg, unique)
+    for flags, why in ((["--budget-usd", "0"], "--budget-usd: Input should be greater than 0"),
+                       (["--concurrency", "0"], "--concurrency: Input should be greater than or equal to 1")):
+        p = judge(env, unique, *flags)
+        assert p.returncode == 2 and why in p.stderr, p.stderr
+    p = judge(env, "no-such-run")
+    assert p.returncode == 1 and "no run named 'no-such-run'" in p.stderr
+    assert not (Path(env["EVALPLANE_STATE_DIR"]) / "runs" / unique / "judge").exists()  # no simulator started
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "mine"\n\n[[questions]]\nid = "Solved?"\nquestion = "x"\n')
     p = judge(env, unique, "--rubric", str(bad))
