@@ -241,7 +241,7 @@ def cmd_judge(args, out: Console, err: Console) -> int:
     try:
         rubric = rubrics.load(_local_copy(args.rubric)) if args.rubric else rubrics.DEFAULT
     except rubrics.RubricError as e:
-        err.print(f"[bold red]rubric:[/] {e}", markup=True, highlight=False, soft_wrap=True)
+        err.print(f"rubric: {e}", markup=False, highlight=False, soft_wrap=True)
         return EXIT_SPEC
     with db.connect() as conn:
         db.migrate(conn)
@@ -263,7 +263,7 @@ def cmd_judge(args, out: Console, err: Console) -> int:
         from dispatcher.launchers.stack_outputs import StackOutputsError
 
         try:
-            arn = launch(spec["backend"]["stack_outputs"], args.run, judge_argv(args))
+            arn = launch(spec["backend"]["stack_outputs"], args.run, judge_argv(args), rubric if args.rubric else None)
         except (StackOutputsError, RuntimeError) as e:
             err.print(f"[bold red]error:[/] {e}", soft_wrap=True)
             return 1
@@ -286,15 +286,17 @@ def cmd_judge(args, out: Console, err: Console) -> int:
         return EXIT_SPEC
     settings = settings.model_copy(update={"upstream_url": upstream})
     judge = JudgePass(args.run, rubric, settings, key, localstack.state_dir() / "judge", db.database_url())
-    summary = judge.run_pass()
+    try:
+        summary = judge.run_pass()
+    finally:  # a killed pass leaves its simulator to the next one (LocalServices finds it); a finished one stops it
+        if services is not None:
+            services.stop_all()
     out.print(f"run {args.run}, rubric {rubric.name} ({rubric.sha}): {summary.judged} judged,"
               f" {summary.parse_failures} parse failure(s), {summary.no_trajectory} without a trajectory,"
               f" {summary.over_attempt_cap} over the per-trajectory cap, {summary.left} left for a rerun;"
               f" calls in the ledger under run {judge.judge_run!r}", highlight=False, soft_wrap=True)
     for problem in summary.problems[:20]:
         err.print(f"  {problem}", markup=False, highlight=False, soft_wrap=True)
-    if services is not None and not summary.left:
-        services.stop_all()
     return 1 if summary.left else 0
 
 

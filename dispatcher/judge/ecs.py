@@ -6,15 +6,22 @@ from the task definition, never through here."""
 from __future__ import annotations
 
 from contract import aws
+from dispatcher.judge.rubric import Rubric
 from dispatcher.launchers.ecs import EcsTarget, started_by
 from dispatcher.launchers.stack_outputs import StackOutputs
 
 CONTAINER = "judge"  # the container name in the judge task definition
 
 
-def launch(stack_outputs: str, run: str, argv: list[str]) -> str:
-    """Start the judge's task; returns its ARN. Raises RuntimeError with ECS's reason when it is not placed."""
+def launch(stack_outputs: str, run: str, argv: list[str], rubric: Rubric | None = None) -> str:
+    """Start the judge's task; returns its ARN. Raises RuntimeError with ECS's reason when it is not placed. A rubric
+    given here goes to the run's bucket, where the task reads it (`--rubric s3://...`)."""
     outputs = StackOutputs.load(stack_outputs)
+    if rubric is not None:
+        uri = f"s3://{outputs.bucket}/{outputs.runs_prefix}{run}/judge/rubrics/{rubric.sha}.toml"
+        aws.put_text(uri, rubric.to_toml(), "application/toml")
+        i = argv.index("--rubric")
+        argv = [*argv[:i], "--rubric", uri, *argv[i + 2:]]
     target = EcsTarget(cluster=outputs.cluster_arn, task_definition=outputs.judge_task_definition_arn,
                        container=CONTAINER, subnets=tuple(outputs.harness_subnet_ids),
                        security_groups=(outputs.judge_security_group_id,))

@@ -43,6 +43,13 @@ class Rubric(BaseModel):
             raise ValueError(f"question ids must be unique: {', '.join(dupes)}")
         return v
 
+    def to_toml(self) -> str:
+        """The rubric as a file `load` reads back (TOML basic strings: JSON's escapes are valid in them)."""
+        parts = [f"name = {json.dumps(self.name)}"]
+        for q in self.questions:
+            parts.append(f"\n[[questions]]\nid = {json.dumps(q.id)}\nquestion = {json.dumps(q.question)}")
+        return "\n".join(parts) + "\n"
+
     @property
     def sha(self) -> str:
         """What identifies it in the verdicts: its questions (the name is only a label)."""

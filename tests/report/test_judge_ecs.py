@@ -9,7 +9,9 @@ import json
 import boto3
 from psycopg.types.json import Jsonb
 
+from contract import aws
 from dispatcher.cli import main
+from dispatcher.judge import rubric
 
 
 def test_a_run_on_aws_is_judged_by_an_ecs_task(pg, moto_endpoint, tmp_path, unique, capsys):
@@ -35,16 +37,24 @@ def test_a_run_on_aws_is_judged_by_an_ecs_task(pg, moto_endpoint, tmp_path, uniq
                (unique, Jsonb({"backend": {"kind": "aws", "stack_outputs": str(path)}})))
     pg.commit()
 
-    assert main(["judge", unique, "--budget-usd", "3.5", "--concurrency", "8"]) == 0
+    boto3.client("s3").create_bucket(Bucket=f"{unique}-bucket")
+    rubric_file = tmp_path / "rubric.toml"
+    rubric_file.write_text('name = "mine"\n[[questions]]\nid = "polite"\nquestion = "Was the agent \\"polite\\"?"\n')
+    assert main(["judge", unique, "--budget-usd", "3.5", "--concurrency", "8", "--rubric", str(rubric_file)]) == 0
     arn = capsys.readouterr().out.strip().split()[-1]
     (task,) = ecs.describe_tasks(cluster=cluster, tasks=[arn])["tasks"]
     assert task["taskDefinitionArn"] == judge_td and task["launchType"] == "FARGATE"
     assert any(d["name"] == "subnetId" and d["value"] in subnets for a in task["attachments"] for d in a["details"])
     (override,) = task["overrides"]["containerOverrides"]
     assert override["name"] == "judge"
+    mine = rubric.load(rubric_file)
+    uri = f"s3://{unique}-bucket/runs/{unique}/judge/rubrics/{mine.sha}.toml"  # the task cannot read our disk
     assert override["command"] == ["python", "-m", "dispatcher", "judge", unique, "--here", "--provider", "openai",
                                    "--model", "gpt-4o-mini", "--api-key-env", "EVALPLANE_JUDGE_KEY", "--budget-usd",
-                                   "3.5", "--max-tokens", "1024", "--concurrency", "8", "--base-url",
-                                   "http://gateway.invalid"]
+                                   "3.5", "--max-tokens", "1024", "--concurrency", "8", "--rubric", uri,
+                                   "--base-url", "http://gateway.invalid"]
+    copy = tmp_path / "copy.toml"
+    copy.write_text(aws.get_text(uri))
+    assert rubric.load(copy) == mine
     assert override["environment"] == [{"name": "VALKEY_URL", "value": "rediss://valkey.invalid:6379/0"}]
     assert pg.execute("SELECT count(*) FROM judge_verdicts WHERE run = %s", (unique,)).fetchone()[0] == 0
