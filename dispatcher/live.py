@@ -123,6 +123,7 @@ class LiveRun:
         with self.valkey.pipeline(transaction=True) as p:
             if self._fresh:
                 p.delete(keys.run_live(self.run), keys.run_live_running(self.run))
+                p.zremrangebyscore(keys.live_runs(), "-inf", time.time() - keys.LIVE_TTL_S)  # runs whose view expired
                 self._running_members = set()
             p.hset(keys.run_live(self.run), mapping=fields)
             p.expire(keys.run_live(self.run), keys.LIVE_TTL_S)
