@@ -23,6 +23,7 @@ from components.common import (
     tags,
 )
 from components.ec2 import AL2023_AMI, instance_profile, launch_template
+from contract import task_shape
 
 
 # ------------------------------------------------------------------------------------------ judge
@@ -53,6 +54,15 @@ class Judge(pulumi.ComponentResource):
         log_group = aws.cloudwatch.LogGroup(
             f"{name}-logs", name=f"/{p}/judge", retention_in_days=args.log_retention_days, tags=t, opts=child(self)
         )
+        # The judge calls the gateway under its own key and budget, never a run's.
+        self.judge_key = aws.secretsmanager.Secret(
+            f"{name}-key",
+            name_prefix=f"{p}/judge/key-",
+            description="The judge's own gateway key (a LiteLLM virtual key with the judge's budget); set out of band",
+            kms_key_id=args.key_arn,
+            tags=t,
+            opts=child(self),
+        )
         self.execution_role = role_with_policy(
             self,
             f"{name}-exec-role",
@@ -61,7 +71,7 @@ class Judge(pulumi.ComponentResource):
             [
                 *ecr_pull_statements([args.platform_repo_arn]),
                 *logs_statements([log_group.arn]),
-                statement(["secretsmanager:GetSecretValue"], [args.aurora_secret_arn]),
+                statement(["secretsmanager:GetSecretValue"], [args.aurora_secret_arn, self.judge_key.arn]),
                 statement(["kms:Decrypt"], [args.key_arn]),
             ],
             t,
@@ -75,7 +85,8 @@ class Judge(pulumi.ComponentResource):
             t,
         )
         containers = pulumi.Output.all(
-            args.platform_repo_url, log_group.name, region(), args.aurora_endpoint, args.gateway_url, args.aurora_secret_arn
+            args.platform_repo_url, log_group.name, region(), args.aurora_endpoint, args.gateway_url,
+            args.aurora_secret_arn, self.judge_key.arn,
         ).apply(
             lambda a: json.dumps(
                 [
@@ -85,11 +96,13 @@ class Judge(pulumi.ComponentResource):
                         "essential": True,
                         "environment": [
                             {"name": "DATABASE_HOST", "value": a[3]},
+                            {"name": "DATABASE_NAME", "value": p.replace("-", "_")},
                             {"name": "GATEWAY_URL", "value": a[4]},
                         ],
                         "secrets": [
                             {"name": "DATABASE_USERNAME", "valueFrom": f"{a[5]}:username::"},
                             {"name": "DATABASE_PASSWORD", "valueFrom": f"{a[5]}:password::"},
+                            {"name": task_shape.JUDGE_KEY_ENV, "valueFrom": a[6]},
                         ],
                         "logConfiguration": {
                             "logDriver": "awslogs",

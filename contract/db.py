@@ -14,7 +14,18 @@ _LOCK_ID = 0x65706C616E65  # "eplane": serialises concurrent migrators
 
 
 def database_url() -> str:
-    return os.environ.get("DATABASE_URL", DEFAULT_DATABASE_URL)
+    """DATABASE_URL; or, in the estate's ECS tasks (judge, gateway), the parts their task definition gives (host and
+    database name in the environment, user and password from the Aurora secret)."""
+    if url := os.environ.get("DATABASE_URL"):
+        return url
+    if host := os.environ.get("DATABASE_HOST"):
+        from psycopg.conninfo import make_conninfo
+
+        return make_conninfo(host=host, port=os.environ.get("DATABASE_PORT", "5432"),
+                             dbname=os.environ.get("DATABASE_NAME", "postgres"),
+                             user=os.environ.get("DATABASE_USERNAME"), password=os.environ.get("DATABASE_PASSWORD"),
+                             sslmode="require")
+    return DEFAULT_DATABASE_URL
 
 
 def connect(url: str | None = None, **kw) -> psycopg.Connection:

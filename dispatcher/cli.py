@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from contract import db
+from contract import db, task_shape
 from contract.models import AttemptRef
 from dispatcher import localstack
 from dispatcher.plan import Plan, apply_validation, make_plan
@@ -473,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--provider", choices=("openai", "anthropic"), default="openai")
     p.add_argument("--model", default="gpt-4o-mini", help="the judge's model (priced from LiteLLM's table)")
     p.add_argument("--base-url", help="the gateway; unset with a local run: the provider simulator's judge policy")
-    p.add_argument("--api-key-env", default="EVALPLANE_JUDGE_KEY", help="env var with the judge's own provider key")
+    p.add_argument("--api-key-env", default=task_shape.JUDGE_KEY_ENV, help="env var with the judge's own provider key")
     p.add_argument("--budget-usd", type=float, default=1.0, help="the judge's own budget for the pass (default 1.0)")
     p.add_argument("--attempt-usd", type=float, help="a cap per judged trajectory")
     p.add_argument("--max-tokens", type=int, default=1024)

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_local_run import SYNTHETIC, dispatcher, instances, write_spec
+from test_local_run import dispatcher, instances, write_spec
 
 from contract import task_shape
 

@@ -215,7 +215,7 @@ def test_encryption_everywhere(estate_snapshot):
     rule = sse.inputs["rules"][0]["applyServerSideEncryptionByDefault"]
     assert rule == {"sseAlgorithm": "aws:kms", "kmsMasterKeyId": key_arn}
     secrets = s.of("aws:secretsmanager/secret:Secret")
-    assert len(secrets) == 3 and all(x.inputs["kmsKeyId"] == key_arn for x in secrets)  # gateway x2, harness key
+    assert len(secrets) == 4 and all(x.inputs["kmsKeyId"] == key_arn for x in secrets)  # gateway x2, harness, judge
     for lt in s.of("aws:ec2/launchTemplate:LaunchTemplate"):
         assert all(bd["ebs"]["encrypted"] == "true" for bd in lt.inputs["blockDeviceMappings"])
 

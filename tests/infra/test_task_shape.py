@@ -111,3 +111,26 @@ def test_the_launcher_s_revision_differs_from_the_template_only_in_the_image(est
     assert args["tags"] == tags + [{"key": "evalplane:template", "value": arn},
                                    {"key": "evalplane:image-digest", "value": "sha256:" + "ab" * 32}]
     assert described["containerDefinitions"][0]["image"] == template["image"]  # the template itself is untouched
+
+
+def test_the_judge_task_has_what_the_judge_command_reads(estate_snapshot, monkeypatch):
+    """The judge's container is the one dispatcher.judge.ecs overrides; its own key is a secret under the variable
+    `dispatcher judge` reads by default; the database's parts assemble into the URL contract.db connects to."""
+    from contract import db
+    from dispatcher.judge.ecs import CONTAINER
+
+    s = estate_snapshot
+    td = s.one("aws:ecs/taskDefinition:TaskDefinition", "evalplane-judge-task")
+    (judge,) = json.loads(td.inputs["containerDefinitions"])
+    assert judge["name"] == CONTAINER
+    secrets = {x["name"]: x["valueFrom"] for x in judge["secrets"]}
+    key = s.one("aws:secretsmanager/secret:Secret", "evalplane-judge-key")
+    assert secrets[task_shape.JUDGE_KEY_ENV] == key.outputs["arn"] and key.inputs["kmsKeyId"].startswith("arn:aws:kms:")
+    assert {"DATABASE_USERNAME", "DATABASE_PASSWORD"} <= set(secrets)
+    env = {x["name"]: x["value"] for x in judge["environment"]}
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    for k, v in {**env, "DATABASE_USERNAME": "judge", "DATABASE_PASSWORD": "p@ss word"}.items():
+        monkeypatch.setenv(k, v)
+    url = db.database_url()
+    assert f"host={env['DATABASE_HOST']}" in url and f"dbname={env['DATABASE_NAME']}" in url
+    assert "user=judge" in url and "password='p@ss word'" in url and "sslmode=require" in url
