@@ -111,7 +111,9 @@ class BackendSpec(Strict):
         "process", description="local: a subprocess per task (repositories from instances.repos), or a container per "
                                "task from its task image on the local Docker engine")
     stack_outputs: str | None = Field(None, description="`pulumi stack output --json` file (backend aws)")
-    dashboard: bool = Field(False, description="Start the Ray dashboard with the local Ray cluster")
+    dashboard: bool = Field(False, description=(
+        "Serve the live dashboard from the driver while the run goes (port 8270, EVALPLANE_DASHBOARD_PORT) and "
+        "start the Ray dashboard with the local Ray cluster"))
     writers: int | None = Field(None, ge=1, le=64, description=(
         "results writer actors consuming the run's results queue (default: one per 250 concurrent tasks, at least"
         " 1, at most 8)"))
