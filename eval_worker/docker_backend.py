@@ -36,14 +36,12 @@ from swebench.types import TestSpec
 from contract.models import EvalJob, EvalOutcome, Verdict, utcnow
 from eval_worker.cwd import in_directory
 from eval_worker.grading import (
-    BASE_LOG_INSTANCE,
-    BASE_TEST_OUTPUT,
     ENVIRONMENT_BROKEN,
     ENVIRONMENT_BROKEN_REASON,
     environment_broken,
     infra_entry,
 )
-from eval_worker.layout import instance_log_dir, official_run_id
+from eval_worker.layout import BASE_LOG_INSTANCE, BASE_TEST_OUTPUT, instance_log_dir, official_run_id
 from eval_worker.pinning import ImageResolver, ImageUnavailable, PinnedImage
 
 log = logging.getLogger("eval_worker.docker")

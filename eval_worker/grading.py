@@ -45,13 +45,11 @@ from swebench.harness.run_evaluation import GIT_APPLY_CMDS
 from swebench.harness.utils import make_test_spec
 
 from contract.models import EvalJob, EvalOutcome, Verdict, utcnow
-from eval_worker.layout import instance_log_dir
+from eval_worker.layout import BASE_TEST_OUTPUT, instance_log_dir
 from eval_worker.sandbox import GradingBackend, ProcessBackend, Sandbox, SandboxError
 
 RESET_CMD = "git checkout -- . ; git clean -fd"
 ENVIRONMENT_BROKEN = "environment_broken"
-BASE_TEST_OUTPUT = "base_test_output.txt"
-BASE_LOG_INSTANCE = "base_run_instance.log"
 
 
 def timeout_text(timeout: float) -> str:

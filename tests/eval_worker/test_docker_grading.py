@@ -12,8 +12,14 @@ from test_grading import NON_APPLYING
 
 from contract.models import EvalOutcome, Verdict
 from eval_worker.docker_backend import DockerBackend, container_name, remove_stale_containers
-from eval_worker.grading import BASE_LOG_INSTANCE, BASE_TEST_OUTPUT, grade, infra_entry
-from eval_worker.layout import LOG_FILES, instance_log_dir, official_run_id
+from eval_worker.grading import grade, infra_entry
+from eval_worker.layout import (
+    BASE_LOG_INSTANCE,
+    BASE_TEST_OUTPUT,
+    LOG_FILES,
+    instance_log_dir,
+    official_run_id,
+)
 from eval_worker.sandbox import ProcessBackend
 
 MODEL = "evalplane/demo-model"

@@ -18,9 +18,9 @@ from ew_helpers import SYNTH, bundle_for, make_job, patch_from_edits
 
 from contract.models import EvalOutcome
 from eval_worker.environments import GradingEnvironmentError, RecipeBook, installs_packages
-from eval_worker.grading import BASE_TEST_OUTPUT, grade
+from eval_worker.grading import grade
 from eval_worker.images import recipe_for
-from eval_worker.layout import LOG_FILES, instance_log_dir
+from eval_worker.layout import BASE_TEST_OUTPUT, LOG_FILES, instance_log_dir
 from eval_worker.report import write_run_report
 from eval_worker.sandbox import ProcessBackend
 
