@@ -264,7 +264,7 @@ class ProcessBackend:
         self.recipes = recipes or RecipeBook()
         self.env_root = Path(env_root) if env_root else None
         self.pythons = pythons
-        self._environments: dict[tuple[str, str], ProcessEnvironment] = {}
+        self._environments: dict[str, ProcessEnvironment] = {}
 
     def environment(self, instance: dict, repo_source: str) -> ProcessEnvironment | None:
         """The instance's (repo, version) environment (not yet built or locked), or None without a recipe.
@@ -283,7 +283,7 @@ class ProcessBackend:
                         f"eval script installs packages ({installs[0]!r}): refusing to run it in the worker's "
                         f"own environment", reason="environment_unavailable")
                 return None
-            key = (recipe.digest(), version)
+            key = recipe.digest()  # one environment per recipe, whichever of its versions
             if key not in self._environments:
                 self._environments[key] = process_environment(recipe, root=self.env_root, pythons=self.pythons)
             return self._environments[key]
