@@ -39,6 +39,7 @@ def slow_patch(row: dict, sleep_s: float, workdir: Path) -> str:
     env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
     bundle = ROOT / "examples" / "synthetic" / "repos" / "evalplane__calc.bundle"
     subprocess.run(["git", "clone", "-q", str(bundle), str(repo)], check=True, env=env)
+    subprocess.run(["git", "checkout", "-q", row["base_commit"]], cwd=repo, check=True, env=env)  # history goes on
     subprocess.run(["git", "apply", "-"], input=row["patch"], text=True, cwd=repo, check=True, env=env)
     f = repo / "calc" / "stats.py"
     f.write_text(f.read_text().replace("def median(values):\n", f"import time as _t\n_t.sleep({sleep_s})\n\n\n"

@@ -3,7 +3,9 @@
 Python API:
     eval_worker.grading.grade(job, patch, logs_root, backend=None) -> Verdict
     eval_worker.docker_backend.DockerBackend(client=None, resolver=None)   official run_instance, by digest
-    eval_worker.sandbox.ProcessBackend(root=None, keep=False)              no Docker (approximation)
+    eval_worker.sandbox.ProcessBackend(root=None, keep=False, recipes=None)   no Docker; per-(repo, version)
+                                                                            environments from recipes
+    eval_worker.environments.RecipeBook.load(path) / process_environment(recipe) / wheelhouse(reqs, py)
     eval_worker.pinning.ImageResolver(database_url=None, registry=None, require_pinned=False)
     eval_worker.validation.validate(rows, conn, backend="docker", ...) / validate_instance(row, ...)
     eval_worker.validation.validated(conn, instance_rows, backend="docker") -> {iid: ValidationRecord | None}
@@ -11,6 +13,7 @@ Python API:
     eval_worker.images.build_image(row, repos_dir=..., tag=None, broken=None) / build_images(rows, ...)
     eval_worker.worker.EvalWorker(queue_url, logs_root, backend, visibility_timeout).run(once, idle_exit)
     eval_worker.report.write_run_report(predictions, dataset, run, logs_root, attempt=1, report_dir=None)
+    eval_worker.report.apply_infra_entries(report, {iid: report_entry})   infra failures out of unresolved
     eval_worker.layout.official_run_id(run, attempt), instance_log_dir(...)
 CLI: see eval_worker/__main__.py (worker, validate, mirror) and images/swebench/build.py; docs/grading.md.
 """

@@ -2,8 +2,9 @@
 
   python -m eval_worker --queue URL [--backend process|docker] [--logs-root DIR] [--once] [--idle-exit S]
          [--visibility-timeout S] [--database-url URL] [--registry HOST:PORT] [--require-pinned]
+         [--environments FILE ...]
   python -m eval_worker validate --dataset PATH [--instances ID ...] [--backend docker|process]
-         [--repos DIR] [--logs-root DIR] [--timeout S] [--registry HOST:PORT]
+         [--repos DIR] [--logs-root DIR] [--timeout S] [--registry HOST:PORT] [--environments FILE ...]
   python -m eval_worker mirror --dataset PATH --registry HOST:PORT [--instances ID ...] [--no-pull]
 
 validate and mirror record into PostgreSQL ($DATABASE_URL, default postgresql://postgres@127.0.0.1:5432/test)
@@ -36,6 +37,24 @@ def _docker_backend(database_url: str | None, registry: str | None, require_pinn
     return DockerBackend(resolver=ImageResolver(database_url, registry, require_pinned))
 
 
+def _recipes(paths: list[Path]):
+    """The environment recipes named on the command line (process backend); exits 2 naming a bad file."""
+    from eval_worker.environments import GradingEnvironmentError, RecipeBook
+
+    book = RecipeBook()
+    try:
+        for p in paths:
+            book = book.merged(RecipeBook.load(p))
+    except GradingEnvironmentError as e:
+        print(f"--environments: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return book
+
+
+ENVIRONMENTS_HELP = ("process backend: a TOML file of environment recipes ([[environment]] tables), in addition "
+                     "to the environments.toml beside each repository bundle; repeatable")
+
+
 def worker_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m eval_worker", description="Grade EvalJob messages from SQS.")
     ap.add_argument("--queue", required=True, help="eval queue URL (SQS)")
@@ -52,6 +71,7 @@ def worker_main(argv: list[str]) -> int:
     ap.add_argument("--wait-time", type=int, default=20, help="long-polling wait per receive (max 20)")
     ap.add_argument("--sandbox-root", type=Path, default=None, help="process backend: where sandboxes go")
     ap.add_argument("--keep-sandboxes", action="store_true", help="process backend: keep sandboxes (debugging)")
+    ap.add_argument("--environments", type=Path, action="append", default=[], metavar="FILE", help=ENVIRONMENTS_HELP)
     ap.add_argument("--database-url", default=os.environ.get("DATABASE_URL"),
                     help="docker backend: image validation/mirror records (default $DATABASE_URL; none: "
                          "grade on the local tag's image id)")
@@ -68,7 +88,7 @@ def worker_main(argv: list[str]) -> int:
     if args.backend == "docker":
         backend = _docker_backend(args.database_url, args.registry, args.require_pinned)
     else:
-        backend = ProcessBackend(root=args.sandbox_root, keep=args.keep_sandboxes)
+        backend = ProcessBackend(root=args.sandbox_root, keep=args.keep_sandboxes, recipes=_recipes(args.environments))
     worker = EvalWorker(
         args.queue,
         logs_root=args.logs_root,
@@ -96,6 +116,7 @@ def validate_main(argv: list[str]) -> int:
     ap.add_argument("--timeout", type=float, default=1800.0, help="eval script timeout per run (s)")
     ap.add_argument("--registry", default=None, help="docker: validate the mirrored image (by digest)")
     ap.add_argument("--database-url", default=None)
+    ap.add_argument("--environments", type=Path, action="append", default=[], metavar="FILE", help=ENVIRONMENTS_HELP)
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     _logging(args.verbose)
@@ -104,6 +125,7 @@ def validate_main(argv: list[str]) -> int:
 
     from contract import db
     from eval_worker.images import load_rows
+    from eval_worker.sandbox import ProcessBackend
     from eval_worker.validation import validate
 
     url = args.database_url or db.database_url()
@@ -111,10 +133,12 @@ def validate_main(argv: list[str]) -> int:
     repos = args.repos or str(Path(args.dataset).resolve().parent / "repos")
     logs_root = args.logs_root or Path(tempfile.mkdtemp(prefix="ep-validate-"))
     backend = _docker_backend(url if args.registry else None, args.registry, False) if args.backend == "docker" else None
+    process_backend = ProcessBackend(recipes=_recipes(args.environments))
     with db.connect(url) as conn:
         db.migrate(conn)
         records, errors = validate(rows, conn, backend=args.backend, docker_backend=backend, repos_dir=repos,
-                                   logs_root=logs_root, timeout_s=args.timeout)
+                                   logs_root=logs_root, timeout_s=args.timeout,
+                                   process_backend=process_backend)
     for r in records:
         print(r.model_dump_json(include={"instance_id", "image", "digest", "backend", "valid", "reason"}))
     for e in errors:

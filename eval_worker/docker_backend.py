@@ -9,24 +9,39 @@ run_instance returns a report or, on any failure, None; the verdict is read back
 wrote (classify): a report -> resolved / unresolved / error (no valid test output); the official
 "Timeout error: N seconds exceeded." -> timeout; ">>>>> Patch Apply Failed" -> apply_failed;
 anything else (image missing, container or daemon errors) -> infra_error, never a model failure.
+An error is checked against the untouched base (run_instance's skip_patch mode, in the same image):
+no valid test output there either -> infra_error, reason environment_broken (eval_worker.grading).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
+import tempfile
 from pathlib import Path
 
 import docker
-from swebench.harness.constants import APPLY_PATCH_FAIL, LOG_INSTANCE, LOG_TEST_OUTPUT
+from swebench.harness.constants import (
+    APPLY_PATCH_FAIL,
+    LOG_INSTANCE,
+    LOG_REPORT,
+    LOG_TEST_OUTPUT,
+    RUN_EVALUATION_LOG_DIR,
+)
 from swebench.harness.grading import get_eval_report
 from swebench.harness.utils import make_test_spec
 from swebench.types import TestSpec
 
 from contract.models import EvalJob, EvalOutcome, Verdict, utcnow
 from eval_worker.cwd import in_directory
-from eval_worker.grading import infra_entry
-from eval_worker.layout import instance_log_dir, official_run_id
+from eval_worker.grading import (
+    ENVIRONMENT_BROKEN,
+    ENVIRONMENT_BROKEN_REASON,
+    environment_broken,
+    infra_entry,
+)
+from eval_worker.layout import BASE_LOG_INSTANCE, BASE_TEST_OUTPUT, instance_log_dir, official_run_id
 from eval_worker.pinning import ImageResolver, ImageUnavailable, PinnedImage
 
 log = logging.getLogger("eval_worker.docker")
@@ -159,4 +174,27 @@ class DockerBackend:
         except (docker.errors.DockerException, OSError) as e:  # e.g. listing stale containers failed
             return infra("container_unavailable", f"docker: {e}")
         outcome, entry, reason = classify(test_spec, pred, result, log_dir, job.timeout_s)
+        if outcome is EvalOutcome.ERROR:
+            try:
+                base_valid = self.run_on_base(test_spec, run_id, log_dir, job.timeout_s)
+            except (docker.errors.DockerException, OSError) as e:
+                return infra("container_unavailable", f"docker (base check): {e}")
+            if not base_valid:
+                entry = environment_broken(entry)
+                (log_dir / LOG_REPORT).write_text(json.dumps({iid: entry}, indent=4))
+                log.info("%s: %s", job.ref.slug, ENVIRONMENT_BROKEN)
+                return verdict(EvalOutcome.INFRA_ERROR, entry, ENVIRONMENT_BROKEN_REASON)
         return verdict(outcome, entry, reason)
+
+    def run_on_base(self, test_spec: TestSpec, run_id: str, log_dir: Path, timeout_s: float) -> bool:
+        """run_instance(skip_patch=True) in the same image; its test output and log go beside the graded
+        run's as base_test_output.txt / base_run_instance.log. True iff it gave valid test output."""
+        iid = test_spec.instance_id
+        pred = {"instance_id": iid, "model_name_or_path": "base", "model_patch": ""}
+        with tempfile.TemporaryDirectory(prefix="ep-base-check-") as tmp:
+            result = self.run_official(test_spec, pred, run_id, tmp, timeout_s, skip_patch=True)
+            files = Path(tmp) / RUN_EVALUATION_LOG_DIR / run_id / "base" / iid
+            for src, dst in ((LOG_TEST_OUTPUT, BASE_TEST_OUTPUT), (LOG_INSTANCE, BASE_LOG_INSTANCE)):
+                if (files / src).is_file():
+                    shutil.copyfile(files / src, log_dir / dst)
+        return result is not None and bool(result[1][iid]["patch_successfully_applied"])

@@ -5,13 +5,23 @@ the backend. Grading itself is swebench's own get_eval_report (include_tests_sta
 
 Outcomes (contract EvalOutcome):
   resolved / unresolved   report.json written, from get_eval_report
-  error                   report.json written, but no valid test output (patch_successfully_applied False)
+  error                   report.json written, but no valid test output (patch_successfully_applied False),
+                          while the same eval script on the untouched base does give valid test output:
+                          the patch broke the test run
   apply_failed            every GIT_APPLY_CMDS try failed: ">>>>> Patch Apply Failed" in run_instance.log,
                           no test run, no report.json (official: counted in error_ids)
   timeout                 test_output.txt ends with the official "Timeout error: N seconds exceeded.",
                           no report.json (official: counted in error_ids)
-  infra_error             the sandbox could not be prepared or used (clone failure, ...), or the instance
-                          row is unusable; never a model failure
+  infra_error             the sandbox could not be prepared or used (clone failure, no environment, ...),
+                          the instance row is unusable, or the environment cannot run the tests: no valid
+                          test output with the patch AND none on the untouched base (reason
+                          environment_broken; report.json then carries the infra fields); never a model
+                          failure
+
+The base check (check_environment) runs only when a completed eval script gave no valid test output
+(swebench's get_logs_eval found nothing: markers missing, nothing parseable, or a failing exit code with
+no failing test); apply failures and timeouts are the patch's as in the official harness. Its files are
+base_test_output.txt (and, on docker, base_run_instance.log) beside the official ones.
 """
 
 from __future__ import annotations
@@ -30,15 +40,16 @@ from swebench.harness.constants import (
     LOG_REPORT,
     LOG_TEST_OUTPUT,
 )
-from swebench.harness.grading import get_eval_report
+from swebench.harness.grading import get_eval_report, get_logs_eval
 from swebench.harness.run_evaluation import GIT_APPLY_CMDS
 from swebench.harness.utils import make_test_spec
 
 from contract.models import EvalJob, EvalOutcome, Verdict, utcnow
-from eval_worker.layout import instance_log_dir
+from eval_worker.layout import BASE_TEST_OUTPUT, instance_log_dir
 from eval_worker.sandbox import GradingBackend, ProcessBackend, Sandbox, SandboxError
 
 RESET_CMD = "git checkout -- . ; git clean -fd"
+ENVIRONMENT_BROKEN = "environment_broken"
 
 
 def timeout_text(timeout: float) -> str:
@@ -53,6 +64,31 @@ def infra_entry(reason: str) -> dict:
         "patch_is_None": False, "patch_exists": True, "patch_successfully_applied": False,
         "resolved": False, "infra_failure": True, "infra_failure_reason": reason,
     }
+
+
+def environment_broken(entry: dict) -> dict:
+    """The official report entry of a grading whose environment cannot run the tests: infra fields set,
+    the tests' statuses (if any) kept."""
+    return {**entry, **infra_entry(ENVIRONMENT_BROKEN)}
+
+
+ENVIRONMENT_BROKEN_REASON = ("environment_broken: no valid test output with the patch, and none from the same "
+                             "eval script on the untouched base")
+
+
+def run_on_base(backend: GradingBackend, instance: dict, repo_source: str, out_path: Path,
+                timeout_s: float) -> bool:
+    """The eval script on the untouched base commit, in a fresh sandbox of the same environment; its output
+    (merged, with the official timeout line) goes to out_path. True iff it gave valid test output."""
+    test_spec = make_test_spec(instance)
+    sandbox = backend.create(instance=instance, repo_source=repo_source)
+    try:
+        sandbox.put_file("/eval.sh", test_spec.eval_script)
+        res = sandbox.exec("/bin/bash /eval.sh", timeout=timeout_s)
+    finally:
+        sandbox.close()
+    out_path.write_text(res.output + (timeout_text(timeout_s) if res.timed_out else ""))
+    return not res.timed_out and get_logs_eval(test_spec, str(out_path))[1]
 
 
 def _instance_logger(log_file: Path) -> logging.Logger:
@@ -143,10 +179,10 @@ def grade(job: EvalJob, patch: str, logs_root: str | Path, backend: GradingBacke
 
         logger.info(f"Creating sandbox ({getattr(backend, 'name', type(backend).__name__)}) for {iid}...")
         try:
-            sandbox = backend.create(instance_id=iid, repo_source=job.repo_source, base_commit=base_commit)
+            sandbox = backend.create(instance=job.instance, repo_source=job.repo_source)
         except SandboxError as e:
             logger.error(f"Error creating sandbox for {iid}: {e}")
-            return verdict(EvalOutcome.INFRA_ERROR, {iid: infra_entry("sandbox_unavailable")}, reason=f"sandbox: {e}")
+            return verdict(EvalOutcome.INFRA_ERROR, {iid: infra_entry(e.reason)}, reason=f"sandbox: {e}")
         logger.info(f"Sandbox for {iid} ready at base commit {base_commit}")
 
         logger.info(
@@ -194,6 +230,14 @@ def grade(job: EvalJob, patch: str, logs_root: str | Path, backend: GradingBacke
         if entry["resolved"]:
             return verdict(EvalOutcome.RESOLVED, report)
         if not entry["patch_successfully_applied"]:
+            sandbox.close()  # releases the environment for the base run
+            logger.info("No valid test output: running the eval script on the untouched base...")
+            if not run_on_base(backend, job.instance, job.repo_source, log_dir / BASE_TEST_OUTPUT, job.timeout_s):
+                logger.info(f"No valid test output on the base either: {ENVIRONMENT_BROKEN}")
+                entry = environment_broken(entry)
+                (log_dir / LOG_REPORT).write_text(json.dumps({iid: entry}, indent=4))
+                return verdict(EvalOutcome.INFRA_ERROR, {iid: entry}, reason=ENVIRONMENT_BROKEN_REASON)
+            logger.info("The base gives valid test output: the patch broke the test run")
             reason = "no valid test output"
             if entry.get("infra_failure_reason"):
                 reason += f" ({entry['infra_failure_reason']})"
@@ -201,7 +245,7 @@ def grade(job: EvalJob, patch: str, logs_root: str | Path, backend: GradingBacke
         return verdict(EvalOutcome.UNRESOLVED, report)
     except SandboxError as e:
         logger.error(f"Sandbox error for {iid}: {e}\n{traceback.format_exc()}")
-        return verdict(EvalOutcome.INFRA_ERROR, {iid: infra_entry("sandbox_unavailable")}, reason=f"sandbox: {e}")
+        return verdict(EvalOutcome.INFRA_ERROR, {iid: infra_entry(e.reason)}, reason=f"sandbox: {e}")
     except OSError as e:
         logger.error(f"I/O error for {iid}: {e}\n{traceback.format_exc()}")
         return verdict(EvalOutcome.INFRA_ERROR, {iid: infra_entry("io_error")}, reason=f"io: {e}")

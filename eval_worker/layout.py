@@ -19,6 +19,10 @@ from pathlib import Path
 from swebench.harness.constants import RUN_EVALUATION_LOG_DIR
 
 LOG_FILES = ("patch.diff", "eval.sh", "test_output.txt", "report.json", "run_instance.log")
+# beside them when a grading without valid test output was checked against the untouched base
+BASE_TEST_OUTPUT = "base_test_output.txt"
+BASE_LOG_INSTANCE = "base_run_instance.log"
+UPLOADED_FILES = (*LOG_FILES, BASE_TEST_OUTPUT, BASE_LOG_INSTANCE)
 
 
 def official_run_id(run: str, attempt: int = 1) -> str:

@@ -3,6 +3,12 @@
 make_run_report looks for RUN_EVALUATION_LOG_DIR/<run_id>/<model with "/" -> "__">/<iid>/report.json,
 relative to the current directory; write_run_report runs it from logs_root (see eval_worker.layout:
 attempt n > 1 is the official run "<run>.attempt-<n>").
+
+One deliberate difference: make_run_report counts a report.json as completed and, unless resolved,
+unresolved; its infra_failure_ids only echo log signatures. An instance whose report entry has
+infra_failure set (our graders set it only when the failure is established, e.g. environment_broken:
+no valid test output with the patch nor on the untouched base) is not the model's: apply_infra_entries
+moves it from unresolved_ids/error_ids to infra_failure_ids, with its reason in failure_reasons.
 """
 
 from __future__ import annotations
@@ -44,6 +50,38 @@ def _dataset(dataset) -> list[dict]:
     return list(dataset)
 
 
+def apply_infra_entries(report: dict, entries: Mapping[str, dict]) -> dict:
+    """The run report with every instance whose report entry has infra_failure set counted as an
+    infrastructure failure (infra_failure_ids, failure_reasons), not as unresolved or error."""
+    out = dict(report)
+    infra = {iid: e.get("infra_failure_reason") or "infra_failure" for iid, e in entries.items()
+             if e and e.get("infra_failure") and iid in set(report["submitted_ids"]) - set(report["empty_patch_ids"])}
+    if not infra:
+        return out
+    for key in ("unresolved", "error"):
+        out[f"{key}_ids"] = sorted(set(report[f"{key}_ids"]) - set(infra))
+        out[f"{key}_instances"] = len(out[f"{key}_ids"])
+    out["infra_failure_ids"] = sorted(set(report["infra_failure_ids"]) | set(infra))
+    out["infra_failure_instances"] = len(out["infra_failure_ids"])
+    out["ambiguous_failure_ids"] = sorted(set(report["ambiguous_failure_ids"]) - set(infra))
+    out["ambiguous_failure_instances"] = len(out["ambiguous_failure_ids"])
+    out["failure_reasons"] = dict(sorted({**report["failure_reasons"], **infra}.items()))
+    return out
+
+
+def _report_entries(logs_root: Path, run_id: str, preds: dict[str, dict]) -> dict[str, dict]:
+    from swebench.harness.constants import LOG_REPORT, RUN_EVALUATION_LOG_DIR
+
+    entries = {}
+    for iid, p in preds.items():
+        f = logs_root / RUN_EVALUATION_LOG_DIR / run_id / p["model_name_or_path"].replace("/", "__") / iid / LOG_REPORT
+        try:
+            entries[iid] = json.loads(f.read_text())[iid]
+        except (OSError, ValueError, KeyError):
+            continue
+    return entries
+
+
 def write_run_report(
     predictions: Mapping[str, dict] | Iterable[dict] | str | Path,
     dataset: Iterable[dict] | str | Path,
@@ -59,7 +97,8 @@ def write_run_report(
 
     predictions: {iid: {"instance_id", "model_name_or_path", "model_patch"}}, a list of those, or a
     predictions file; dataset: instance rows or a .json/.jsonl/.parquet path. report_dir defaults to
-    logs_root. run_id is official_run_id(run, attempt).
+    logs_root. run_id is official_run_id(run, attempt). Established infrastructure failures are counted
+    as such (apply_infra_entries).
     """
     preds = _predictions_by_id(predictions)
     if not preds:
@@ -72,7 +111,10 @@ def write_run_report(
         sink = io.StringIO() if quiet else None
         with contextlib.redirect_stdout(sink) if sink else contextlib.nullcontext():
             path = make_run_report(preds, rows, run_id, client=None, report_dir=str(out_dir))
-    return (out_dir / Path(path).name).resolve()
+    path = (out_dir / Path(path).name).resolve()
+    report = apply_infra_entries(read_run_report(path), _report_entries(logs_root, run_id, preds))
+    path.write_text(json.dumps(report, indent=4) + "\n")
+    return path
 
 
 def read_run_report(path: str | Path) -> dict:

@@ -1,13 +1,17 @@
 """Where an eval runs: the `GradingBackend` seam and its one implementation for now, `ProcessBackend`.
 
 The grading code speaks in *container* terms, exactly as the official harness does: the repository is
-at /testbed, the patch is copied to /tmp/patch.diff, the eval script to /eval.sh, and commands run with
-/testbed as the working directory. A backend maps that onto something real. `ProcessBackend` maps it
-onto a per-sandbox directory on this machine (no Docker): the repository is cloned from the job's
-repo_source (a git bundle or repository path) into <sandbox>/testbed, commands run as local
-processes with their own HOME, TMPDIR and GIT_CONFIG_GLOBAL, and the python/pytest on PATH are the
-worker's own (its virtualenv's). The docker backend (eval_worker.docker_backend) does not use this
-seam: it runs the official run_instance itself, in the instance image.
+at /testbed, the patch is copied to /tmp/patch.diff, the eval script to /eval.sh, the instance's conda
+env `testbed` is under /opt/miniconda3, and commands run with /testbed as the working directory. A
+backend maps that onto something real. `ProcessBackend` maps it onto a per-sandbox directory on this
+machine (no Docker): the repository is cloned from the job's repo_source (a git bundle or repository
+path) into <sandbox>/testbed, commands run as local processes with their own HOME, TMPDIR and
+GIT_CONFIG_GLOBAL, and /opt/miniconda3 is the instance's (repo, version) environment built from its
+recipe (eval_worker.environments), never the worker's own Python. The docker backend
+(eval_worker.docker_backend) does not use this seam: it runs the official run_instance itself.
+
+An instance without a recipe runs with the worker's Python on PATH only if its eval script installs
+nothing; one that installs packages is refused (SandboxError, reason environment_unavailable).
 
 Limitation of the process backend: container paths are rewritten in command text (outside heredoc
 bodies, so patches carried by the eval script are never touched); isolation is only a directory.
@@ -27,12 +31,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from eval_worker.environments import (
+    RECIPES_FILE,
+    GradingEnvironmentError,
+    ProcessEnvironment,
+    RecipeBook,
+    installs_packages,
+    isolated_pip_env,
+    process_environment,
+    recipes_near,
+)
+from eval_worker.shell import map_container_paths, shell_lines
+
 CONTAINER_WORKDIR = "/testbed"  # swebench.image_builder.constants.CONTAINER_WORKDIR
+CONTAINER_CONDA_ROOT = "/opt/miniconda3"
 KILL_GRACE_S = 2.0
 
 
 class SandboxError(RuntimeError):
-    """The sandbox could not be prepared or used: an infrastructure failure, never the model's."""
+    """The sandbox could not be prepared or used: an infrastructure failure, never the model's.
+    `reason` becomes the verdict's infra_failure_reason."""
+
+    def __init__(self, message: str, reason: str = "sandbox_unavailable"):
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -60,50 +82,27 @@ class Sandbox(Protocol):
 class GradingBackend(Protocol):
     name: str
 
-    def create(self, *, instance_id: str, repo_source: str, base_commit: str) -> Sandbox:
-        """A fresh sandbox with the repository checked out at base_commit in /testbed.
+    def create(self, *, instance: dict, repo_source: str) -> Sandbox:
+        """A fresh sandbox for the instance row: its repository checked out at base_commit in /testbed,
+        in the instance's environment.
 
-        Raises SandboxError when that cannot be done (clone failure, missing commit, disk...).
+        Raises SandboxError when that cannot be done (clone failure, missing commit, no environment...).
         """
-
-
-# ------------------------------------------------------------------------------- path mapping
-
-_HEREDOC = re.compile(r"(?<!<)<<(?!<)-?\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\1")
-
-
-def map_container_paths(script: str, mapping: dict[str, str]) -> str:
-    """Rewrite container paths (keys of mapping) to host paths in shell text, except inside heredoc
-    bodies. A path only matches as a whole path component sequence (not as part of a longer name)."""
-    if not mapping:
-        return script
-    keys = sorted(mapping, key=len, reverse=True)
-    pattern = re.compile(
-        r"(?<![\w./-])(" + "|".join(re.escape(k) for k in keys) + r")(?![\w.-])"
-    )
-    out: list[str] = []
-    delims: list[str] = []
-    for line in script.split("\n"):
-        if delims:
-            out.append(line)
-            if line.strip() == delims[0]:
-                delims.pop(0)
-            continue
-        out.append(pattern.sub(lambda m: mapping[m.group(1)], line))
-        delims.extend(m.group(2) for m in _HEREDOC.finditer(line))
-    return "\n".join(out)
 
 
 # ------------------------------------------------------------------------------ process backend
 
 
 class ProcessSandbox:
-    def __init__(self, root: Path, extra_env: dict[str, str] | None = None):
+    def __init__(self, root: Path, environment: ProcessEnvironment | None = None, lock=None, keep: bool = False):
         self.root = root
+        self.keep = keep  # close() keeps the directory (debugging)
         self.testbed = root / "testbed"
         self.home = root / "home"
         self.tmp = root / "tmp"
         self.gitconfig = root / "gitconfig"
+        self.environment = environment
+        self._lock = lock  # the environment's, held until close()
         for d in (self.home, self.tmp):
             d.mkdir(parents=True, exist_ok=True)
         self.gitconfig.touch()
@@ -112,9 +111,17 @@ class ProcessSandbox:
             "/tmp/patch.diff": str(self.tmp / "patch.diff"),
             "/eval.sh": str(root / "eval.sh"),
         }
-        venv_bin = str(Path(sys.executable).parent)
+        if environment is not None:
+            # as in an instance image: conda's bin on PATH, `conda activate testbed` for the rest; pip only
+            # from the environment's wheelhouse, whatever this machine's pip configuration says
+            self.mapping[CONTAINER_CONDA_ROOT] = str(environment.conda_root)
+            path = os.pathsep.join([str(environment.conda_root / "bin"), system_path()])
+            pip = {k: v for k, v in isolated_pip_env(environment.wheels).items() if k.startswith("PIP_")}
+        else:
+            path = str(Path(sys.executable).parent) + os.pathsep + system_path()
+            pip = {}
         self.env = {
-            "PATH": venv_bin + os.pathsep + os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            "PATH": path,
             "HOME": str(self.home),
             "TMPDIR": str(self.tmp),
             "GIT_CONFIG_GLOBAL": str(self.gitconfig),
@@ -123,7 +130,7 @@ class ProcessSandbox:
             "LANG": "C.UTF-8",
             "LC_ALL": "C.UTF-8",
             "PYTHONDONTWRITEBYTECODE": "1",
-            **(extra_env or {}),
+            **pip,
         }
         self._closed = False
 
@@ -181,7 +188,29 @@ class ProcessSandbox:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            shutil.rmtree(self.root, ignore_errors=True)
+            self.release()
+            if not self.keep:
+                shutil.rmtree(self.root, ignore_errors=True)
+
+    def release(self) -> None:
+        """Let other gradings use the environment (idempotent)."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+
+CONTAINER_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+
+
+def system_path() -> str:
+    """PATH as in an instance image (the system's directories; never the worker's virtualenv, nor user-level
+    tool managers such as pyenv shims, whose python or pytest would stand in for a missing one), plus the
+    directory of this machine's git if it lives elsewhere."""
+    dirs = list(CONTAINER_PATH)
+    git = shutil.which("git")
+    if git and str(Path(git).parent) not in dirs:
+        dirs.append(str(Path(git).parent))
+    return os.pathsep.join(dirs)
 
 
 def _group_alive(pgid: int) -> bool:
@@ -217,37 +246,87 @@ def _kill_group(pgid: int, proc: subprocess.Popen | None, grace: float = KILL_GR
 
 
 class ProcessBackend:
-    """Sandboxes as local directories and processes (machines without Docker)."""
+    """Sandboxes as local directories and processes (machines without Docker).
+
+    recipes: environment recipes by (repo, version), in addition to the `environments.toml` beside each
+    job's repository bundle; env_root: where the environments are built (default <state dir>/grading-envs);
+    pythons: the interpreters recipes may use (default: those on PATH, never the worker's own).
+    """
 
     name = "process"
 
-    def __init__(self, root: str | Path | None = None, keep: bool = False, clone_timeout: float = 300.0):
+    def __init__(self, root: str | Path | None = None, keep: bool = False, clone_timeout: float = 300.0,
+                 recipes: RecipeBook | None = None, env_root: str | Path | None = None,
+                 pythons: list[str] | None = None):
         self.root = Path(root) if root else None
         self.keep = keep
         self.clone_timeout = clone_timeout
+        self.recipes = recipes or RecipeBook()
+        self.env_root = Path(env_root) if env_root else None
+        self.pythons = pythons
+        self._environments: dict[str, ProcessEnvironment] = {}
 
-    def create(self, *, instance_id: str, repo_source: str, base_commit: str) -> ProcessSandbox:
+    def environment(self, instance: dict, repo_source: str) -> ProcessEnvironment | None:
+        """The instance's (repo, version) environment (not yet built or locked), or None without a recipe.
+        Raises SandboxError (environment_unavailable) when there is none and the eval script installs
+        packages, or when the recipe cannot be used here."""
+        repo, version = instance["repo"], str(instance["version"])
+        try:
+            book = self.recipes.merged(recipes_near(repo_source)) if "://" not in repo_source else self.recipes
+            recipe = book.get(repo, version)
+            if recipe is None:
+                installs = installs_packages(instance["eval_script"])
+                if installs:
+                    where = ", ".join(book.sources) or f"no {RECIPES_FILE} beside {repo_source}"
+                    raise SandboxError(
+                        f"{instance['instance_id']}: no environment recipe for {repo} {version} ({where}), and its "
+                        f"eval script installs packages ({installs[0]!r}): refusing to run it in the worker's "
+                        f"own environment", reason="environment_unavailable")
+                return None
+            key = recipe.digest()  # one environment per recipe, whichever of its versions
+            if key not in self._environments:
+                self._environments[key] = process_environment(recipe, root=self.env_root, pythons=self.pythons)
+            return self._environments[key]
+        except GradingEnvironmentError as e:
+            raise SandboxError(f"{instance['instance_id']}: {e}", reason="environment_unavailable") from e
+
+    def create(self, *, instance: dict, repo_source: str) -> ProcessSandbox:
+        iid, base_commit = instance["instance_id"], instance["base_commit"]
+        src = repo_source
+        if "://" not in src:
+            if not Path(src).exists():
+                raise SandboxError(f"repo_source does not exist: {src}")
+            src = str(Path(src).resolve())
+        environment = self.environment(instance, repo_source)
         if self.root:
             self.root.mkdir(parents=True, exist_ok=True)
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", instance_id)
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", iid)
         root = Path(tempfile.mkdtemp(prefix=f"ep-sandbox-{safe}-", dir=self.root))
-        sb = ProcessSandbox(root)
-        if self.keep:
-            sb.close = lambda: None  # type: ignore[method-assign]
         try:
-            src = repo_source
-            if "://" not in src and not Path(src).exists():
-                raise SandboxError(f"repo_source does not exist: {src}")
+            lock = environment.acquire() if environment is not None else None
+        except GradingEnvironmentError as e:
+            shutil.rmtree(root, ignore_errors=True)
+            raise SandboxError(f"{iid}: {e}", reason="environment_unavailable") from e
+        sb = ProcessSandbox(root, environment, lock, keep=self.keep)
+        try:
             for args in (
                 ["git", "clone", "-q", "--no-hardlinks", src, str(sb.testbed)],
                 ["git", "-c", "advice.detachedHead=false", "checkout", "-q", base_commit],
             ):
                 r = subprocess.run(
                     args, cwd=str(sb.testbed if args[1] != "clone" else root), env=sb.env,
-                    stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=self.clone_timeout,
+                    stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=self.clone_timeout, check=False,
                 )
                 if r.returncode != 0:
                     raise SandboxError(f"{' '.join(args[:3])} failed ({r.returncode}): {r.stderr.strip()}")
+            if environment is not None and not installs_packages(instance["eval_script"]):
+                # what an instance image's build did: the repository installed into testbed (an eval script
+                # that reinstalls it would only repeat this)
+                r = sb.exec(f"source {CONTAINER_CONDA_ROOT}/bin/activate && conda activate testbed && "
+                            f"{environment.recipe.install}", timeout=self.clone_timeout)
+                if r.exit_code != 0:
+                    raise SandboxError(f"{environment.recipe.install!r} failed in {environment.path} "
+                                       f"({r.exit_code}): {r.output.strip()[-2000:]}", reason="environment_unavailable")
         except SandboxError:
             sb.close()
             raise
@@ -258,6 +337,7 @@ class ProcessBackend:
 
 
 __all__ = [
+    "CONTAINER_CONDA_ROOT",
     "CONTAINER_WORKDIR",
     "ExecResult",
     "GradingBackend",
@@ -266,4 +346,6 @@ __all__ = [
     "Sandbox",
     "SandboxError",
     "map_container_paths",
+    "shell_lines",
+    "system_path",
 ]

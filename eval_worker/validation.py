@@ -4,7 +4,9 @@ Valid iff, on exactly this image (by digest): the gold patch resolves (graded li
 the official run_instance on the docker backend), and the eval script run on the untouched base
 (run_instance's skip_patch mode; an empty patch itself is never graded) leaves every FAIL_TO_PASS test
 failing. The result is recorded per (instance, digest) in image_validations; infrastructure failures
-(daemon down, image missing) are not recorded: they say nothing about the image.
+(daemon down, image missing) are not recorded: they say nothing about the image. An image whose
+environment cannot run the tests (gold graded infra_error, reason environment_broken) is recorded as
+invalid: that is a finding about the image.
 
 The dispatcher asks `validated(conn, instance_rows)` (re-exported from eval_worker.records).
 """
@@ -25,7 +27,7 @@ from swebench.harness.utils import make_test_spec
 
 from contract.models import AttemptRef, EvalJob, EvalOutcome, Verdict
 from eval_worker.docker_backend import DockerBackend
-from eval_worker.grading import grade
+from eval_worker.grading import ENVIRONMENT_BROKEN, grade, run_on_base, timeout_text
 from eval_worker.images import repo_bundle
 from eval_worker.layout import instance_log_dir
 from eval_worker.pinning import ImageUnavailable
@@ -63,35 +65,41 @@ def _base_run_docker(backend: DockerBackend, row: dict, ref: str, run: str, logs
     return result[1][row["instance_id"]] if result else None
 
 
-def _base_run_process(row: dict, repo_source: str, run: str, logs_root: Path, timeout_s: float) -> dict | None:
+def _base_run_process(backend: ProcessBackend, row: dict, repo_source: str, run: str, logs_root: Path,
+                      timeout_s: float) -> dict | None:
     """The eval script on an untouched checkout, graded with the official get_eval_report."""
     iid = row["instance_id"]
     ts = make_test_spec(row)
     log_dir = instance_log_dir(logs_root, run, 1, EMPTY_MODEL, iid)
     log_dir.mkdir(parents=True, exist_ok=True)
-    sb = ProcessBackend().create(instance_id=iid, repo_source=repo_source, base_commit=row["base_commit"])
-    try:
-        (log_dir / "eval.sh").write_text(ts.eval_script)
-        sb.put_file("/eval.sh", ts.eval_script)
-        res = sb.exec("/bin/bash /eval.sh", timeout=timeout_s)
-    finally:
-        sb.close()
-    (log_dir / LOG_TEST_OUTPUT).write_text(res.output)
-    if res.timed_out:
+    (log_dir / "eval.sh").write_text(ts.eval_script)
+    out = log_dir / LOG_TEST_OUTPUT
+    run_on_base(backend, row, repo_source, out, timeout_s)
+    if out.read_text(errors="replace").endswith(timeout_text(timeout_s)):
         return None
     pred = {"instance_id": iid, "model_name_or_path": EMPTY_MODEL, "model_patch": ""}
-    return get_eval_report(ts, pred, str(log_dir / LOG_TEST_OUTPUT), include_tests_status=True)[iid]
+    return get_eval_report(ts, pred, str(out), include_tests_status=True)[iid]
 
 
-def process_digest(row: dict, repo_source: str) -> str:
-    """What the process backend's environment is: the repository source, base commit, python, pytest."""
+def process_digest(backend: ProcessBackend, row: dict, repo_source: str) -> str:
+    """What the process backend grades on: the repository source, the base commit and the environment
+    (its recipe, interpreter and layout; without a recipe, the worker's Python and pytest)."""
     import importlib.metadata
 
     h = hashlib.sha256()
     src = Path(repo_source)
     h.update(src.read_bytes() if src.is_file() else repo_source.encode())
-    h.update(f"{row['base_commit']}|{sys.version}|pytest {importlib.metadata.version('pytest')}".encode())
+    env = backend.environment(row, repo_source)
+    where = env.path.name if env else f"{sys.version}|pytest {importlib.metadata.version('pytest')}"
+    h.update(f"{row['base_commit']}|{where}".encode())
     return f"process:sha256:{h.hexdigest()}"
+
+
+def _raise_on_infra(iid: str, gold: Verdict) -> None:
+    """An infrastructure failure says nothing about the image, except that its environment cannot run the
+    tests (environment_broken): that one is judged (invalid)."""
+    if gold.outcome is EvalOutcome.INFRA_ERROR and gold.report.get("infra_failure_reason") != ENVIRONMENT_BROKEN:
+        raise ValidationInfraError(f"{iid}: gold run: {gold.reason}")
 
 
 def judge(gold: Verdict, base_entry: dict | None, f2p: list[str]) -> tuple[bool, str | None]:
@@ -119,6 +127,7 @@ def validate_instance(
     logs_root: str | Path,
     run: str | None = None,
     timeout_s: float = 1800.0,
+    process_backend: ProcessBackend | None = None,
 ) -> ValidationRecord:
     """Validate one instance; raises ValidationInfraError when the check itself could not run."""
     iid = row["instance_id"]
@@ -141,18 +150,20 @@ def validate_instance(
             raise ValidationInfraError(f"{iid}: {pinned.ref}: {e}") from e
         row_pinned = {**row, "image": pinned.ref}
         gold = grade(_job(row_pinned, run, GOLD_MODEL, repo_source, timeout_s), row["patch"], logs_root, db)
-        if gold.outcome is EvalOutcome.INFRA_ERROR:
-            raise ValidationInfraError(f"{iid}: gold run: {gold.reason}")
+        _raise_on_infra(iid, gold)
         base = _base_run_docker(db, row, pinned.ref, run, logs_root, timeout_s)
     elif backend == "process":
         if not repos_dir:
             raise ValueError("the process backend needs repos_dir")
-        digest = process_digest(row, repo_source)
-        gold = grade(_job(row, run, GOLD_MODEL, repo_source, timeout_s), row["patch"], logs_root, ProcessBackend())
-        if gold.outcome is EvalOutcome.INFRA_ERROR:
-            raise ValidationInfraError(f"{iid}: gold run: {gold.reason}")
+        pb = process_backend or ProcessBackend()
         try:
-            base = _base_run_process(row, repo_source, run, logs_root, timeout_s)
+            digest = process_digest(pb, row, repo_source)
+        except SandboxError as e:
+            raise ValidationInfraError(f"{iid}: {e}") from e
+        gold = grade(_job(row, run, GOLD_MODEL, repo_source, timeout_s), row["patch"], logs_root, pb)
+        _raise_on_infra(iid, gold)
+        try:
+            base = _base_run_process(pb, row, repo_source, run, logs_root, timeout_s)
         except SandboxError as e:
             raise ValidationInfraError(f"{iid}: base run: {e}") from e
     else:
@@ -167,6 +178,7 @@ def validate_instance(
 def validate(
     rows: list[dict], conn, *, backend: str = "docker", docker_backend: DockerBackend | None = None,
     repos_dir: str | Path | None = None, logs_root: str | Path, timeout_s: float = 1800.0,
+    process_backend: ProcessBackend | None = None,
 ) -> tuple[list[ValidationRecord], list[str]]:
     """Validate and record every row. Returns (records written, infrastructure errors)."""
     run = f"validate-{uuid.uuid4().hex[:8]}"
@@ -174,7 +186,8 @@ def validate(
     for row in rows:
         try:
             rec = validate_instance(row, backend=backend, docker_backend=docker_backend, repos_dir=repos_dir,
-                                    logs_root=logs_root, run=run, timeout_s=timeout_s)
+                                    logs_root=logs_root, run=run, timeout_s=timeout_s,
+                                    process_backend=process_backend)
         except ValidationInfraError as e:
             log.error("not validated: %s", e)
             errors.append(str(e))

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from contract import aws
 from contract.models import Envelope, EvalJob, EvalOutcome, Verdict, utcnow
 from eval_worker.grading import grade
-from eval_worker.layout import LOG_FILES, instance_log_dir
+from eval_worker.layout import UPLOADED_FILES, instance_log_dir
 from eval_worker.sandbox import GradingBackend, ProcessBackend
 
 log = logging.getLogger("eval_worker")
@@ -161,7 +161,7 @@ class EvalWorker:
         d = self._log_dir(job)
         prefix = eval_prefix(job.artifacts_prefix)
         report_uri = None
-        for name in LOG_FILES:
+        for name in UPLOADED_FILES:
             f = d / name
             if not f.is_file():
                 continue

@@ -1,5 +1,5 @@
 """Fixtures for the eval worker tests: the committed synthetic instances and demo policy, and a real
-Docker engine with the synthetic instances' eval images (built once per session, kept if present).
+Docker engine with the synthetic instances' instance images (built once, kept while their inputs hold).
 
 Docker tests FAIL when CI=true and no engine can be started (scripts/docker.sh engine); without CI
 they skip with the reason.
@@ -51,13 +51,12 @@ def docker_client():
         client = _ping()
         if client is None:
             _unavailable(f"scripts/docker.sh engine exited {r.returncode}: {r.stderr[-500:]}")
-    from eval_worker.images import DEFAULT_BASE, local_image_id_or_none
+    from eval_worker.images import DEFAULT_BASE, ensure_base
 
-    if local_image_id_or_none(client, DEFAULT_BASE) is None:
-        r = subprocess.run([str(ROOT / "scripts" / "docker.sh"), "base"], capture_output=True, text=True,
-                           timeout=1200, check=False)
-        if r.returncode != 0:
-            _unavailable(f"base image {DEFAULT_BASE} could not be built: {r.stderr[-500:]}")
+    try:
+        ensure_base(client, DEFAULT_BASE)  # scripts/docker.sh base bullseye when missing
+    except RuntimeError as e:
+        _unavailable(str(e))
     return client
 
 
@@ -68,3 +67,13 @@ def eval_images(docker_client, instances) -> dict[str, str]:
 
     built = build_images(list(instances.values()), repos_dir=SYNTH / "repos", client=docker_client)
     return {b.instance_id: b.image_id for b in built}
+
+
+@pytest.fixture(scope="session")
+def broken_row(docker_client, instances, eval_images):
+    """evalplane__calc-1 on a deliberately broken image (its env has no pytest), under its own name."""
+    from eval_worker.images import build_image
+
+    row = {**instances["evalplane__calc-1"], "image": "evalplane-test/sweb.eval.broken-calc-1:latest"}
+    build_image(row, repos_dir=SYNTH / "repos", client=docker_client, tag=row["image"], broken="no-pytest")
+    return row

@@ -13,7 +13,13 @@ from test_grading import NON_APPLYING
 from contract.models import EvalOutcome, Verdict
 from eval_worker.docker_backend import DockerBackend, container_name, remove_stale_containers
 from eval_worker.grading import grade, infra_entry
-from eval_worker.layout import LOG_FILES, instance_log_dir, official_run_id
+from eval_worker.layout import (
+    BASE_LOG_INSTANCE,
+    BASE_TEST_OUTPUT,
+    LOG_FILES,
+    instance_log_dir,
+    official_run_id,
+)
 from eval_worker.sandbox import ProcessBackend
 
 MODEL = "evalplane/demo-model"
@@ -24,13 +30,20 @@ def _containers(client, iid: str, run_id: str) -> list[str]:
     return [c.name for c in client.containers.list(all=True, filters={"name": name})]
 
 
+BREAKS_IMPORT = [("textkit/__init__.py", "from textkit.slug import slugify\n",
+                  "from textkit.slug import slugify\nfrom textkit.missing import nothing\n")]
+
+
 @pytest.fixture(scope="module")
-def cases(instances, demo_policy) -> dict[str, tuple[str, str]]:
-    """case -> (instance_id, patch): every gold patch, the demo model's wrong patch, a non-applying one."""
+def cases(instances, demo_policy, tmp_path_factory) -> dict[str, tuple[str, str]]:
+    """case -> (instance_id, patch): every gold patch, the demo model's wrong patch, a non-applying one, and
+    one that stops the test suite from starting (the package no longer imports)."""
     out = {f"gold:{iid}": (iid, row["patch"]) for iid, row in instances.items()}
     wrong = next(i for i, a in demo_policy["instances"].items() if a["action"] == "patch")
     out[f"wrong:{wrong}"] = (wrong, demo_policy["instances"][wrong]["patch"])
     out["noapply:evalplane__textkit-3"] = ("evalplane__textkit-3", NON_APPLYING)
+    out["breaks:evalplane__textkit-1"] = ("evalplane__textkit-1", patch_from_edits(
+        instances["evalplane__textkit-1"], BREAKS_IMPORT, tmp_path_factory.mktemp("breaks")))
     return out
 
 
@@ -86,6 +99,35 @@ def test_non_applying_patch_is_official_apply_failure(docker_verdicts, logs_root
     assert not (d / "report.json").exists() and not (d / "test_output.txt").exists()
 
 
+def test_patch_that_breaks_the_tests_is_error_not_infra(docker_verdicts, logs_root, unique_run):
+    """No valid test output with the patch, valid output from run_instance's skip_patch run on the same
+    image: the patch broke the test run."""
+    v = docker_verdicts["breaks:evalplane__textkit-1"]
+    assert v.outcome is EvalOutcome.ERROR and not v.resolved, v
+    assert v.report["patch_successfully_applied"] is False and v.report["infra_failure"] is False
+    d = instance_log_dir(logs_root, f"{unique_run}-breaks", 1, MODEL, "evalplane__textkit-1")
+    assert "ImportError while loading conftest" in (d / "test_output.txt").read_text()
+    base = (d / BASE_TEST_OUTPUT).read_text()
+    assert "PASSED tests/test_slug.py::test_slugify_single_word" in base and "Python 3.9" in base
+    assert "Applied Patch" not in (d / BASE_LOG_INSTANCE).read_text()  # skip_patch: the untouched base
+
+
+def test_broken_environment_is_infra_error(broken_row, docker_client, tmp_path):
+    """The gold patch on the deliberately broken image (no pytest in testbed): no valid test output with the
+    patch nor on the untouched base -> infra_error, the official report entry's infra fields set."""
+    iid = broken_row["instance_id"]
+    v = grade(make_job(broken_row, run="brokenimg", model=MODEL), broken_row["patch"], tmp_path,
+              DockerBackend(client=docker_client))
+    assert v.outcome is EvalOutcome.INFRA_ERROR and not v.resolved, v
+    assert v.report["infra_failure"] is True and v.report["infra_failure_reason"] == "environment_broken"
+    d = instance_log_dir(tmp_path, "brokenimg", 1, MODEL, iid)
+    assert json.loads((d / "report.json").read_text()) == {iid: v.report}
+    for name in ("test_output.txt", BASE_TEST_OUTPUT):
+        assert "pytest: command not found" in (d / name).read_text()
+    assert ">>>>> Applied Patch" in (d / "run_instance.log").read_text()
+    assert ">>>>> Applied Patch" not in (d / BASE_LOG_INSTANCE).read_text()
+
+
 def test_process_and_docker_backends_agree(docker_verdicts, cases, instances, tmp_path):
     for case, (iid, patch) in cases.items():
         p = grade(make_job(instances[iid], run="parity", model=MODEL), patch, tmp_path, ProcessBackend())
@@ -109,11 +151,12 @@ def test_endless_tests_time_out(eval_images, docker_client, instances, tmp_path,
     patch = patch_from_edits(row, [("calc/stats.py", "    mid = len(ordered) // 2\n",
                                     "    while True:\n        pass\n    mid = len(ordered) // 2\n")], tmp_path)
     run = f"{unique_run}-loop"
-    v = grade(make_job(row, run=run, timeout_s=5), patch, tmp_path / "root", DockerBackend(client=docker_client))
+    # long enough for the eval script's `pip install -e .` to finish and the tests to start looping
+    v = grade(make_job(row, run=run, timeout_s=20), patch, tmp_path / "root", DockerBackend(client=docker_client))
     assert v.outcome is EvalOutcome.TIMEOUT and not v.resolved, v
     assert v.report["infra_failure_reason"] == "tests_timed_out"  # the official v5 classification
     d = instance_log_dir(tmp_path / "root", run, 1, MODEL, row["instance_id"])
-    assert (d / "test_output.txt").read_text().endswith("\n\nTimeout error: 5 seconds exceeded.")
+    assert (d / "test_output.txt").read_text().endswith("\n\nTimeout error: 20 seconds exceeded.")
     assert not (d / "report.json").exists()
     assert _containers(docker_client, row["instance_id"], run) == []  # official cleanup ran
 

@@ -194,12 +194,13 @@ def test_endless_test_times_out_and_group_is_killed(instances, tmp_path):
         "    mid = len(ordered) // 2\n",
     )], tmp_path)
     t0 = time.monotonic()
-    v = grade(make_job(row, run="loop", timeout_s=4), patch, tmp_path / "logs-root")
-    assert time.monotonic() - t0 < 30
+    # long enough for the eval script's `pip install -e .` to finish and the tests to start looping
+    v = grade(make_job(row, run="loop", timeout_s=20), patch, tmp_path / "logs-root")
+    assert time.monotonic() - t0 < 60
     assert v.outcome is EvalOutcome.TIMEOUT and not v.resolved
     d = instance_log_dir(tmp_path / "logs-root", "loop", 1, "evalplane/demo-model", row["instance_id"])
     out = (d / "test_output.txt").read_text()
-    assert out.endswith("\n\nTimeout error: 4 seconds exceeded.")
+    assert out.endswith("\n\nTimeout error: 20 seconds exceeded.")
     assert not (d / "report.json").exists()  # official: a timeout has no report.json
     pid = int(pid_file.read_text())
     deadline = time.monotonic() + 5
@@ -242,19 +243,23 @@ def test_container_paths_are_mapped_outside_heredocs_only():
 
 def test_sandbox_env_is_isolated(instances, tmp_path):
     row = instances["evalplane__calc-1"]
-    sb = ProcessBackend(root=tmp_path).create(instance_id=row["instance_id"], repo_source=make_job(row).repo_source,
-                                              base_commit=row["base_commit"])
+    sb = ProcessBackend(root=tmp_path).create(instance=row, repo_source=make_job(row).repo_source)
     try:
         r = sb.exec("git config --global --add safe.directory /testbed; echo $HOME $TMPDIR $GIT_CONFIG_GLOBAL; "
-                    "echo err >&2; command -v python; git rev-parse HEAD; echo ${AWS_SECRET_ACCESS_KEY:-none}")
+                    "echo err >&2; command -v python || echo no-python; git rev-parse HEAD; "
+                    "echo ${AWS_SECRET_ACCESS_KEY:-none}; "
+                    "source /opt/miniconda3/bin/activate && conda activate testbed && command -v python pip pytest")
         home, tmpdir, gitcfg = r.output.split("\n")[0].split()
         assert all(p.startswith(str(tmp_path)) for p in (home, tmpdir, gitcfg))
         assert f"directory = {sb.testbed}" in Path(gitcfg).read_text()  # /testbed mapped, own gitconfig
         lines = r.output.split("\n")
         assert lines[1] == "err"  # stderr merged in order
-        assert lines[2] == str(Path(sys.executable).parent / "python")  # the venv's python is on PATH
+        assert not lines[2].startswith(sys.prefix)  # the worker's own python is not on PATH
         assert lines[3] == row["base_commit"]
         assert lines[4] == "none"
+        # `conda activate testbed` (the eval script's) gives the instance's environment, not the worker's
+        testbed_bin = sb.environment.conda_root / "envs" / "testbed" / "bin"
+        assert lines[5:8] == [str(testbed_bin / name) for name in ("python", "pip", "pytest")]
     finally:
         sb.close()
     assert not sb.root.exists()

@@ -11,18 +11,9 @@ import pytest
 from ew_helpers import ROOT, SYNTH
 
 from eval_worker.docker_backend import DockerBackend
-from eval_worker.images import build_image
 from eval_worker.pinning import ImageResolver
 from eval_worker.records import ValidationRecord, validated
 from eval_worker.validation import validate
-
-
-@pytest.fixture(scope="module")
-def broken_row(docker_client, instances, eval_images):
-    """evalplane__calc-1 on a deliberately broken image (its env has no pytest), under its own name."""
-    row = {**instances["evalplane__calc-1"], "image": "evalplane-test/sweb.eval.broken-calc-1:latest"}
-    build_image(row, repos_dir=SYNTH / "repos", client=docker_client, tag=row["image"], broken="no-pytest")
-    return row
 
 
 @pytest.fixture
@@ -47,7 +38,9 @@ def test_validation_records_good_and_broken_images(no_records, pg, docker_client
     assert ok.details["gold"]["outcome"] == "resolved"
     assert ok.details["base"]["tests_status"]["FAIL_TO_PASS"]["success"] == []  # F2P fail on the base
     assert not bad.valid and bad.digest == docker_client.images.get(broken_row["image"]).id
-    assert bad.reason.startswith("gold patch did not resolve: error")
+    # an environment that cannot run the tests is a finding about the image: recorded, invalid
+    assert bad.reason.startswith("gold patch did not resolve: infra_error (environment_broken")
+    assert bad.details["gold"]["report"]["infra_failure_reason"] == "environment_broken"
     # the record is per image: the official calc-1 image has no record yet
     assert validated(pg, [instances["evalplane__calc-1"]]) == {"evalplane__calc-1": None}
     # grading resolves a validated instance to the validated digest

@@ -8,12 +8,13 @@ import subprocess
 import sys
 import time
 
-from ew_helpers import ROOT, make_job
+from ew_helpers import ROOT, SYNTH, make_job
 from test_grading import NON_APPLYING
 
 from contract import aws
 from contract.models import Envelope, EvalOutcome, Verdict
-from eval_worker.layout import LOG_FILES
+from eval_worker.environments import RecipeBook
+from eval_worker.layout import BASE_TEST_OUTPUT, LOG_FILES
 from eval_worker.sandbox import ProcessBackend
 from eval_worker.worker import EvalWorker
 
@@ -104,3 +105,40 @@ def test_worker_keeps_message_invisible_and_drops_poison(moto_endpoint, instance
     assert v.ref == job.ref and v.outcome is EvalOutcome.APPLY_FAILED and v.report_uri is None
     log = aws.get_text(job.artifacts_prefix + "eval/run_instance.log")
     assert ">>>>> Patch Apply Failed" in log
+
+
+def test_cli_worker_environment_that_cannot_run_tests(moto_endpoint, instances, unique, tmp_path):
+    """--environments: a recipe without pytest for evalplane/calc 0.2. The gold patch lands as infra_error
+    (environment_broken), with the base check's output uploaded beside the official files. A bad recipe file
+    is refused before any message is taken."""
+    from test_environments import synthetic_recipe
+
+    s3, sqs, bucket, evalq, resq = _setup(unique)
+    row = instances["evalplane__calc-2"]
+    job = _job(row, bucket, unique, resq, row["patch"])
+    aws.send(evalq, job.model_dump_json())
+    worker = [sys.executable, "-m", "eval_worker", "--queue", evalq, "--logs-root", str(tmp_path / "logs-root"),
+              "--once", "--wait-time", "5", "--visibility-timeout", "30"]
+    env = {**os.environ, "EVALPLANE_STATE_DIR": str(tmp_path / "state")}
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(synthetic_recipe(packages=["pytest>=8"]))
+    r = subprocess.run([*worker, "--environments", str(bad)], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and f"--environments: {bad}: environment[0].packages" in r.stderr, r.stderr
+    assert sqs.get_queue_attributes(QueueUrl=evalq, AttributeNames=["ApproximateNumberOfMessages"])[
+        "Attributes"]["ApproximateNumberOfMessages"] == "1"
+
+    broken = tmp_path / "broken.toml"
+    good = RecipeBook.load(SYNTH / "repos" / "environments.toml").get("evalplane/calc", "0.2")
+    broken.write_text(synthetic_recipe(packages=good.requirements(drop=["pytest"])))
+    r = subprocess.run([*worker, "--environments", str(broken)], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    msgs = sqs.receive_message(QueueUrl=resq, MaxNumberOfMessages=10, WaitTimeSeconds=1).get("Messages", [])
+    v = Envelope.model_validate_json(msgs[0]["Body"]).msg
+    assert v.outcome is EvalOutcome.INFRA_ERROR and v.report["infra_failure_reason"] == "environment_broken", v
+    assert json.loads(aws.get_text(v.report_uri))[row["instance_id"]] == v.report
+    keys = s3.list_objects_v2(Bucket=bucket, Prefix=f"runs/{unique}/attempts/{row['instance_id']}/1/eval/")
+    assert sorted(k["Key"].rsplit("/", 1)[1] for k in keys["Contents"]) == sorted((*LOG_FILES, BASE_TEST_OUTPUT))
+    assert _queue_empty(sqs, evalq)
