@@ -305,25 +305,26 @@ def build_task_image(client: docker.DockerClient, conn: psycopg.Connection, row:
 
 def resolve_instance_image(client: docker.DockerClient, row: dict, *, database_url: str | None,
                            instance_registry: str | None, repos_dir: str | None) -> str:
-    """The instance's image by digest (mirror record, validation record, or the local image's id). Where there is
-    none and a repository bundle is at hand, a SWE-bench-shaped stand-in is built from it (eval_worker.images)."""
+    """The instance's image by digest (mirror record, validation record, or the local image's id). Where a
+    repository bundle is at hand and no official image is (none in the local engine, or only a stand-in of ours),
+    the SWE-bench-shaped stand-in is built from it (eval_worker.images: kept while its inputs are unchanged)."""
+    from eval_worker.environments import GradingEnvironmentError
+    from eval_worker.images import INPUTS_LABEL, build_image, repo_bundle
     from eval_worker.pinning import ImageResolver, ImageUnavailable
 
-    resolver = ImageResolver(database_url, instance_registry)
+    if not instance_registry and repos_dir and repo_bundle(row, repos_dir).is_file():
+        local = _image_id(client, row["image"])
+        if local is None or INPUTS_LABEL in (client.images.get(local).labels or {}):
+            try:
+                build_image(row, repos_dir=repos_dir, client=client)
+            except (GradingEnvironmentError, RuntimeError) as e:
+                raise ImageProblem(f"no image for {row['instance_id']}: its stand-in could not be built: {e}") from e
     try:
-        return resolver.resolve(client, row).ref
-    except ImageUnavailable as first:
-        from eval_worker.images import build_image, repo_bundle
-
-        if instance_registry or not repos_dir or not repo_bundle(row, repos_dir).is_file():
-            where = f"mirrored to {instance_registry}" if instance_registry else "in the local engine"
-            raise ImageProblem(f"no image for {row['instance_id']}: {row['image']} is not {where} ({first}); "
-                               "mirror the official image (python -m eval_worker mirror) or name "
-                               "[images] instance_registry") from None
-        log.info("%s: building a SWE-bench-shaped stand-in for %s from %s", row["instance_id"], row["image"],
-                 repo_bundle(row, repos_dir))
-        build_image(row, repos_dir=repos_dir, client=client)
-        return resolver.resolve(client, row).ref
+        return ImageResolver(database_url, instance_registry).resolve(client, row).ref
+    except ImageUnavailable as e:
+        where = f"mirrored to {instance_registry}" if instance_registry else "in the local engine"
+        raise ImageProblem(f"no image for {row['instance_id']}: {row['image']} is not {where} ({e}); mirror the "
+                           "official image (python -m eval_worker mirror) or name [images] instance_registry") from None
 
 
 def ensure_task_images(rows: list[dict], harness: str, conn: psycopg.Connection, *, registry: str = "",

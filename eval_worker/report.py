@@ -50,23 +50,28 @@ def _dataset(dataset) -> list[dict]:
     return list(dataset)
 
 
-def apply_infra_entries(report: dict, entries: Mapping[str, dict]) -> dict:
-    """The run report with every instance whose report entry has infra_failure set counted as an
-    infrastructure failure (infra_failure_ids, failure_reasons), not as unresolved or error."""
+def count_infra_failures(report: dict, infra: Mapping[str, str]) -> dict:
+    """The run report with the instances in `infra` ({instance_id: reason}) counted as infrastructure failures
+    (infra_failure_ids, failure_reasons) and taken out of every id list that scores the model (resolved,
+    unresolved, empty patch, error, ambiguous); every count follows. completed_ids stays make_run_report's."""
     out = dict(report)
-    infra = {iid: e.get("infra_failure_reason") or "infra_failure" for iid, e in entries.items()
-             if e and e.get("infra_failure") and iid in set(report["submitted_ids"]) - set(report["empty_patch_ids"])}
     if not infra:
         return out
-    for key in ("unresolved", "error"):
-        out[f"{key}_ids"] = sorted(set(report[f"{key}_ids"]) - set(infra))
+    for key in ("resolved", "unresolved", "empty_patch", "error", "ambiguous_failure"):
+        out[f"{key}_ids"] = sorted(set(report.get(f"{key}_ids", [])) - set(infra))
         out[f"{key}_instances"] = len(out[f"{key}_ids"])
-    out["infra_failure_ids"] = sorted(set(report["infra_failure_ids"]) | set(infra))
+    out["infra_failure_ids"] = sorted(set(report.get("infra_failure_ids", [])) | set(infra))
     out["infra_failure_instances"] = len(out["infra_failure_ids"])
-    out["ambiguous_failure_ids"] = sorted(set(report["ambiguous_failure_ids"]) - set(infra))
-    out["ambiguous_failure_instances"] = len(out["ambiguous_failure_ids"])
-    out["failure_reasons"] = dict(sorted({**report["failure_reasons"], **infra}.items()))
+    out["failure_reasons"] = dict(sorted({**report.get("failure_reasons", {}), **infra}.items()))
     return out
+
+
+def apply_infra_entries(report: dict, entries: Mapping[str, dict]) -> dict:
+    """count_infra_failures for every graded instance whose report entry has infra_failure set (our graders set it
+    only when the failure is established, e.g. environment_broken)."""
+    graded = set(report["submitted_ids"]) - set(report["empty_patch_ids"])
+    return count_infra_failures(report, {iid: e.get("infra_failure_reason") or "infra_failure"
+                                         for iid, e in entries.items() if e and e.get("infra_failure") and iid in graded})
 
 
 def _report_entries(logs_root: Path, run_id: str, preds: dict[str, dict]) -> dict[str, dict]:

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from contract import aws
+from eval_worker.report import count_infra_failures
 
 STATUS_ORDER = ("RESOLVED", "UNRESOLVED", "EMPTY_PATCH", "EVAL_ERROR", "INFRA_ERROR", "CANCELLED", "PATCH_READY")
 
@@ -118,24 +119,10 @@ def infra_reason(attempt: dict) -> str:
 def mark_infra_failures(report_file: Path, infra: dict[str, str]) -> None:
     """The official report, with our infrastructure failures where they belong: make_run_report knows only what
     its log patterns catch, so an attempt whose task or grading environment failed would read as an empty patch or
-    unresolved. Those ids move to infra_failure_ids (and error_ids: not run successfully), with their reasons in
-    failure_reasons; every count follows."""
-    if not infra:
-        return
-    report = json.loads(report_file.read_text())
-    for key in ("resolved_ids", "unresolved_ids", "empty_patch_ids", "ambiguous_failure_ids"):
-        report[key] = sorted(set(report.get(key, [])) - set(infra))
-    report["infra_failure_ids"] = sorted(set(report.get("infra_failure_ids", [])) | set(infra))
-    report["error_ids"] = sorted(set(report.get("error_ids", [])) | set(infra))
-    report["completed_ids"] = sorted(set(report.get("completed_ids", [])) - set(infra))
-    report["failure_reasons"] = dict(sorted({**report.get("failure_reasons", {}), **infra}.items()))
-    for count, ids in (("resolved_instances", "resolved_ids"), ("unresolved_instances", "unresolved_ids"),
-                       ("empty_patch_instances", "empty_patch_ids"), ("error_instances", "error_ids"),
-                       ("infra_failure_instances", "infra_failure_ids"), ("completed_instances", "completed_ids"),
-                       ("ambiguous_failure_instances", "ambiguous_failure_ids")):
-        if count in report:
-            report[count] = len(report[ids])
-    report_file.write_text(json.dumps(report, indent=4))
+    unresolved (eval_worker.report.count_infra_failures)."""
+    if infra:
+        report = count_infra_failures(json.loads(report_file.read_text()), infra)
+        report_file.write_text(json.dumps(report, indent=4))
 
 
 def _fetch_eval_logs(prefix: str, dest: Path) -> None:

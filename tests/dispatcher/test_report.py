@@ -17,10 +17,10 @@ def test_infra_failures_leave_the_model_scored_ids_and_every_count_follows(tmp_p
     mark_infra_failures(f, {"c": "environment_broken", "e": "setup_failed"})
     r = json.loads(f.read_text())
     assert r["unresolved_ids"] == ["b"] and r["empty_patch_ids"] == ["d"] and r["resolved_ids"] == ["a"]
-    assert r["infra_failure_ids"] == ["c", "e"] and r["error_ids"] == ["c", "e"]
+    assert r["infra_failure_ids"] == ["c", "e"] and r["error_ids"] == []
     assert r["failure_reasons"] == {"c": "environment_broken", "e": "setup_failed"}
     assert (r["unresolved_instances"], r["empty_patch_instances"], r["infra_failure_instances"],
-            r["error_instances"], r["completed_instances"]) == (1, 1, 2, 2, 2)
+            r["error_instances"], r["resolved_instances"]) == (1, 1, 2, 0, 1)
 
 
 def test_the_reason_is_the_grading_environments_or_the_tasks():

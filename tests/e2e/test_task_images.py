@@ -64,7 +64,7 @@ def test_every_instance_gets_its_task_image_once(built, local_registry):
 def test_a_task_image_is_its_instance_image_plus_the_runtime(built, docker_engine):
     row = instances()[0]
     ref = built[2][row["instance_id"]]
-    task = docker_engine.images.get(ref)
+    task = docker_engine.images.pull(ref)  # by digest, from the registry
     base = docker_engine.images.get(row["image"])
     assert task.attrs["RootFS"]["Layers"][:len(base.attrs["RootFS"]["Layers"])] == base.attrs["RootFS"]["Layers"]
     assert task.attrs["Config"]["Entrypoint"] == task_shape.ENTRYPOINT
