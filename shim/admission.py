@@ -8,8 +8,8 @@ HOLD+ADMIT  KEYS = [attempt, attempt:exp, run, run:exp, pacer, limits] (caps.py'
   capacity). Else the hold is taken and ADMIT runs as alone: {0, 1, wait} booked (sleep `wait` once), or
   {0, 0, wait} when too far ahead to book (ValkeyPacer.admitted sleeps and asks ADMIT again).
 AFTER  KEYS = [attempt, attempt:exp, run, run:exp, pacer, limits, progress]
-       ARGV = [hold id ('' = none), actual micro-dollars, key TTL s, pool delta input, pool delta output,
-               progress TTL s, then the progress hash's field/value pairs]
+       ARGV = [key TTL s, progress TTL s, the progress hash as a JSON object, then four per call settled:
+               hold id ('' = none), actual micro-dollars, pool delta input, pool delta output]
 
 The run's keys ({run} hash tag) and the pool's ({pool}) are on one node: the deployed Valkey is a replication
 group (one primary, cluster mode off).
@@ -19,10 +19,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from contract import keys
 from shim.caps import HOLD_FN, KEY_TTL_S, NOW_MS, SETTLE_FN, Budget, ValkeyBudget
 from shim.pacer import ADMIT_FN, Pacer, PaceRequest, ValkeyPacer
 from shim.pacer import SETTLE_FN as POOL_SETTLE_FN
 from shim.progress import Progress
+from shim.wire import dumps
 
 HOLD_ADMIT_LUA = NOW_MS + HOLD_FN + ADMIT_FN + """
 local which = ep_hold(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]),
@@ -34,15 +36,24 @@ return {0, a[1], a[2]}
 """
 
 AFTER_LUA = NOW_MS + SETTLE_FN + POOL_SETTLE_FN + """
-if ARGV[1] ~= '' then ep_settle(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], tonumber(ARGV[2]), ARGV[3]) end
-local d_in, d_out = tonumber(ARGV[4]), tonumber(ARGV[5])
-if d_in ~= 0 or d_out ~= 0 then ep_settle_pool(KEYS[5], KEYS[6], d_in, d_out, 0, now) end
-if #ARGV > 6 then
-  redis.call('HSET', KEYS[7], unpack(ARGV, 7))
-  redis.call('EXPIRE', KEYS[7], ARGV[6])
+for i = 4, #ARGV, 4 do
+  if ARGV[i] ~= '' then ep_settle(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[i], tonumber(ARGV[i + 1]), ARGV[1]) end
+  local d_in, d_out = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+  if d_in ~= 0 or d_out ~= 0 then ep_settle_pool(KEYS[5], KEYS[6], d_in, d_out, 0, now) end
 end
+local flat = {}
+for k, v in pairs(cjson.decode(ARGV[3])) do
+  flat[#flat + 1] = k
+  flat[#flat + 1] = v
+end
+redis.call('HSET', KEYS[7], unpack(flat))
+redis.call('EXPIRE', KEYS[7], ARGV[2])
 return 1
 """
+
+# one call's settle: (hold id or None, actual micro-dollars, its last attempt's pool booking or None, what that
+# attempt used toward the pool's input and output limits: None = unknown)
+Settle = tuple[str | None, int, PaceRequest | None, int | None, int | None]
 
 
 class Gate:
@@ -66,17 +77,17 @@ class Gate:
             return int(which), 0.0
         return 0, await self.pacer.admitted(pace, int(ok) == 1, float(wait_ms), deadline)
 
-    async def after(self, hold_id: str | None, actual_micro: int, pace: PaceRequest | None,
-                    used_in: int | None, used_out: int | None, progress: dict[str, Any]) -> None:
-        """Settle a call: its hold to its actual cost, its last attempt's pool booking to what it used; publish
-        progress."""
+    async def after(self, settles: list[Settle], progress: dict[str, Any]) -> None:
+        """Settle calls (each hold to its actual cost, each last attempt's pool booking to what it used) and
+        publish progress: in one script with Valkey."""
         if not self.combined:
-            if pace is not None:
-                await self.pacer.settle(pace, used_in, used_out)
-            if hold_id is not None:
-                await self.budget.settle(hold_id, actual_micro)
+            for hold_id, actual, pace, used_in, used_out in settles:
+                if pace is not None:
+                    await self.pacer.settle(pace, used_in, used_out)
+                if hold_id is not None:
+                    await self.budget.settle(hold_id, actual)
             return await self.progress.publish(progress)
-        deltas = [0, 0] if pace is None else ValkeyPacer.settle_args(pace, used_in, used_out)
-        key, ttl, flat = self.progress.update(progress)
-        await self._after(keys=[*self.keys, key],
-                          args=[hold_id or "", actual_micro, KEY_TTL_S, *deltas, ttl, *flat])
+        args: list[Any] = [KEY_TTL_S, keys.PROGRESS_TTL_S, dumps(progress)]
+        for hold_id, actual, pace, used_in, used_out in settles:
+            args += [hold_id or "", actual, *([0, 0] if pace is None else ValkeyPacer.settle_args(pace, used_in, used_out))]
+        await self._after(keys=[*self.keys, self.progress.key], args=args)

@@ -38,13 +38,6 @@ class Progress:
         self._last_discovery = 0.0
         self._warned = False
 
-    def update(self, fields: Mapping[str, Any]) -> tuple[str, int, list]:
-        """The progress update as (key, TTL s, flat field/value list)."""
-        flat: list[Any] = []
-        for k, v in fields.items():
-            flat += (k, "" if v is None else v)
-        return self.key, keys.PROGRESS_TTL_S, flat
-
     async def publish(self, fields: Mapping[str, Any]) -> None:
         if self.redis is None:
             return

@@ -115,6 +115,7 @@ class Shim:
         self.ready = False
         self._published_at = 0.0
         self._bg: set[asyncio.Task] = set()
+        self._settling: list[Call] = []  # finished calls whose settles are on their way (_after)
 
     def _load_price(self) -> pricing.Price | None:
         try:
@@ -627,21 +628,26 @@ class Shim:
             cost_usd=call.cost, latency_ms=round((now - call.t0) * 1000, 3),
             pacer_wait_ms=round(call.pacer_wait_ms, 3), retries=call.retries, http_status=call.http_status,
             outcome=call.outcome, usage_estimated=call.estimated, raw_usage=raw)
-        self._spawn(self._after(call))
+        self._settling.append(call)
+        if len(self._settling) == 1:  # the calls finished in this turn of the event loop settle together
+            self._spawn(self._after())
 
-    async def _after(self, call: Call) -> None:
+    async def _after(self) -> None:
+        calls, self._settling = self._settling, []
         try:
-            used_in = used_out = None
-            if call.pace is not None:
-                used_in, used_out = (None, 0) if call.used is None else (
-                    self._limit_input(call.used), call.used.output_tokens)
-            await self.gate.after(call.hold_id, micro(call.cost) if call.hold_id else 0, call.pace, used_in,
-                                  used_out, self._progress_fields())
+            settles = []
+            for call in calls:
+                used_in = used_out = None
+                if call.pace is not None:
+                    used_in, used_out = (None, 0) if call.used is None else (
+                        self._limit_input(call.used), call.used.output_tokens)
+                settles.append((call.hold_id, micro(call.cost) if call.hold_id else 0, call.pace, used_in, used_out))
+            await self.gate.after(settles, self._progress_fields())
             self._published_at = time.monotonic()
         except Exception as e:  # noqa: BLE001 - holds and bookings expire by themselves; the ledger is the record
             log.error("settle/progress after call failed: %s", type(e).__name__)
         finally:
-            self.in_flight -= 1
+            self.in_flight -= len(calls)
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)

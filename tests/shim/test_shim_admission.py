@@ -106,7 +106,7 @@ def test_the_after_call_script_does_what_the_separate_commands_do(valkey, valkey
             assert await gate.hold("c1", 40_000, pace) == (0, 0.0)
             if tag == "a":
                 gate.combined = False
-            await gate.after("c1", 12_000, pace, 1500, 120, fields)
+            await gate.after([("c1", 12_000, pace, 1500, 120)], fields)
             refs.append(AttemptRef(run=f"{unique}{tag}", instance_id="a", attempt=1))
         await r.aclose()
         return refs
