@@ -7,8 +7,9 @@ Every shim here has an attempt cap, a run cap and pool limits set (none binding)
 settles real holds and books the pool's rpm/itpm/otpm. The same client (aiohttp) calls the simulator directly,
 through the shim and through LiteLLM, on Anthropic's /v1/messages. Prints a PASS/MISS per target (issue 23):
   1. added latency over a direct call (each way's percentile less direct's, end to end), at concurrency 1
-     (the three ways taking turns) and 16 (16 callers per way, side by side), non-stream and stream (first
-     byte: the head; first content event; last byte): p50 <= 3 ms, p99 <= 10 ms, and below LiteLLM's;
+     (the three ways taking turns) and 16 (each way in turn under 16 callers of its own), non-stream and
+     stream (first byte: the head; first content event; last byte): p50 <= 3 ms, p99 <= 10 ms, and below
+     LiteLLM's;
   2. the shim process's CPU per call against an instant simulator, half streams, ledger rows sent to a results
      queue (SQS in moto's server mode, as in a task): <= 1 ms; LiteLLM's on the same calls beside it;
   3. the shim's RSS after that run, its results queue's client loaded: <= 120 MB; exec to ready: <= 1.5 s.

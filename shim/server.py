@@ -148,7 +148,6 @@ class Shim:
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300), auto_decompress=False,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s,
                                           sock_read=cfg.sock_read_timeout_s))
-        self.ledger.start()
         server = web.Server(self.handle, access_log=None)
         self.runner = web.ServerRunner(server, shutdown_timeout=cfg.shutdown_timeout_s)
         await self.runner.setup()
@@ -163,6 +162,7 @@ class Shim:
             os.replace(tmp, cfg.port_file)
         log.info("shim ready on %s:%d -> %s (%s, model %s)", cfg.listen_host, self.port, self.upstream,
                  cfg.provider, cfg.model)
+        self.ledger.start()  # after the port file: the harness starts while boto3 loads
         return self.port
 
     async def stop(self) -> bool:
