@@ -70,6 +70,22 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
+class MachineBusy:
+    """How busy the machine's CPUs were between start and share() (/proc/stat): other sessions' load included."""
+
+    def __init__(self) -> None:
+        self.start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields[:8]), fields[3] + fields[4]  # all but guest time; idle + iowait
+
+    def share(self) -> float:
+        total, idle = self._read()
+        return 1 - (idle - self.start[1]) / max(1, total - self.start[0])
+
+
 def _proc_stat(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
@@ -316,7 +332,11 @@ def main() -> int:
                         print("   c=1: one caller per way, the ways taking turns, 100 calls each" if conc == 1 else
                               f"   c={conc}: {rounds} rounds, in each the ways in turn, each under {conc} callers "
                               f"of its own making 2 calls back to back ({rounds * conc * 2} calls each way)")
-                        report_latency(asyncio.run(latency(ways, conc, rounds)), conc)
+                        busy = MachineBusy()
+                        res = asyncio.run(latency(ways, conc, rounds))
+                        print(f"    the machine's CPUs were {busy.share():.0%} busy meanwhile (load "
+                              f"{os.getloadavg()[0]:.2f})")
+                        report_latency(res, conc)
             if "cpu" in args.only or "process" in args.only:
                 n = 400 if args.quick else 2000
                 print(f"2. CPU per call (instant simulator, concurrency 16, half streams, {n} calls; the shim sends "

@@ -113,13 +113,17 @@ class Ledger:
                 self._wake.set()
         return row
 
-    def start(self) -> None:
-        if self.queue_url and self._task is None:
-            self._task = asyncio.create_task(self._run(), name="ledger-sender")
-            if isinstance(self.sender, SQSSender):  # after the port file: the harness can start meanwhile
-                fut = asyncio.get_running_loop().run_in_executor(self._pool, self.sender.warm)
-                fut.add_done_callback(lambda f: f.cancelled() or f.exception() is None
-                                      or log.warning("SQS client warm-up failed: %s", type(f.exception()).__name__))
+    def start(self) -> asyncio.Future | None:
+        """Start sending; with SQS, make its client in a thread now (the future of that)."""
+        if not self.queue_url or self._task is not None:
+            return None
+        self._task = asyncio.create_task(self._run(), name="ledger-sender")
+        if not isinstance(self.sender, SQSSender):
+            return None
+        fut = asyncio.get_running_loop().run_in_executor(self._pool, self.sender.warm)
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception() is None
+                              or log.warning("SQS client warm-up failed: %s", type(f.exception()).__name__))
+        return fut
 
     async def _run(self) -> None:
         while not self._stopping:

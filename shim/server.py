@@ -4,6 +4,7 @@ metering, and one ledger row per call."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import hmac
 import json
 import logging
@@ -162,7 +163,12 @@ class Shim:
             os.replace(tmp, cfg.port_file)
         log.info("shim ready on %s:%d -> %s (%s, model %s)", cfg.listen_host, self.port, self.upstream,
                  cfg.provider, cfg.model)
-        self.ledger.start()  # after the port file: the harness starts while boto3 loads
+        # what start-up made lives as long as the process: out of the collector's way (a full collection over it
+        # stalls every call in flight), and so is what the SQS client's warm-up makes
+        gc.freeze()
+        warming = self.ledger.start()  # after the port file: the harness starts while boto3 loads
+        if warming is not None:
+            warming.add_done_callback(lambda _: gc.freeze())
         return self.port
 
     async def stop(self) -> bool:
