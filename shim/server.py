@@ -469,12 +469,16 @@ class Shim:
                     last = Failure(502, {}, self._err_json(call, f"upstream failed: {type(e).__name__}"))
                     continue
                 call.http_status = 200
-                out = web.Response(status=200, body=data, headers=self._down_headers(resp.headers))
-                try:  # the harness has its answer before the metering, the row and the settles
-                    await out.prepare(request)
-                    await out.write_eof()
-                except ConnectionError:
-                    pass  # the harness went away; the call happened and is recorded as answered
+                if call.out is not None:  # not a stream after all, on a retry of one whose head went out
+                    out = call.out
+                    await self._write_end(out, data)
+                else:
+                    out = web.Response(status=200, body=data, headers=self._down_headers(resp.headers))
+                    try:  # the harness has its answer before the metering, the row and the settles
+                        await out.prepare(request)
+                        await out.write_eof()
+                    except ConnectionError:
+                        pass  # the harness went away; the call happened and is recorded as answered
                 call.pace, call.used = pace, self._account(call, usage_from_body(call.kind, data), estimated=False)
                 return out
             finally:
@@ -610,7 +614,14 @@ class Shim:
         """Record the pool's rate-limit headers (at most once a minute, or on a 429), off the call's path."""
         found = self.progress.discovered(headers, force)
         if found:
-            self._spawn(self.progress.record(found))
+            self.in_flight += 1  # part of the call's bookkeeping
+            self._spawn(self._record(found))
+
+    async def _record(self, found: dict[str, str]) -> None:
+        try:
+            await self.progress.record(found)
+        finally:
+            self.in_flight -= 1
 
     def _err_json(self, call: Call, message: str) -> bytes:
         return dumps(error_body(call.kind, "api_error", message))
