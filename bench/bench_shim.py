@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -90,8 +91,9 @@ def _proc_stat(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
+@functools.cache
 def family(pid: int) -> list[int]:
-    """`pid` and its descendants (LiteLLM's proxy runs its worker as a child)."""
+    """`pid` and its descendants (LiteLLM's proxy may run its worker as a child), as they are when first asked."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -205,13 +207,13 @@ def results_queue():
         proc.wait()
 
 
-Way = tuple[str, str, str, str]  # (name, base URL, key, the model the caller names)
+Way = tuple[str, str, str, str, int | None]  # (name, base URL, key, the model the caller names, its process)
 
 
 async def one(session: aiohttp.ClientSession, way: Way, stream: bool) -> tuple[float, ...]:
     """One call, end to end, in ms: (first byte, first content, last byte); a non-stream answer's first content
     is its last byte."""
-    _, base, key, model = way
+    _, base, key, model, _ = way
     data = json.dumps({**BODY, "model": model, "stream": stream}).encode()
     t0 = time.perf_counter()
     async with session.post(base + "/v1/messages", data=data,
@@ -253,7 +255,19 @@ async def latency(ways: list[Way], conc: int, rounds: int, per_caller: int = 2) 
                         await caller(w, 0, 1)
                     else:
                         await asyncio.gather(*(caller(w, rng.uniform(0, period), per_caller) for _ in range(conc)))
+                    await quiet(w[4])
     return out
+
+
+async def quiet(pid: int | None, timeout_s: float = 10.0) -> None:
+    """Wait until the process has finished what its calls left it to do (LiteLLM logs and prices its calls after
+    answering them): the next way's calls are not measured against it."""
+    deadline = time.monotonic() + timeout_s
+    while pid is not None and time.monotonic() < deadline:
+        c0 = cpu_s(pid)
+        await asyncio.sleep(0.02)
+        if cpu_s(pid) - c0 < 0.005:
+            return
 
 
 def report_latency(res: dict, conc: int) -> None:
@@ -282,6 +296,7 @@ async def drive(way: Way, n: int, conc: int) -> None:
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         await asyncio.gather(*(go(i) for i in range(n)))
+    await quiet(way[4])
 
 
 def cpu_per_call(way: Way, pid: int, n: int) -> tuple[float, float]:
@@ -325,9 +340,9 @@ def main() -> int:
             if "latency" in args.only:
                 print(f"1. added latency (simulator: {PACED.ttft_ms:.0f} ms to first token, "
                       f"{PACED.tokens_per_s:.0f} tokens/s, {BODY['max_tokens']} tokens)")
-                with shim_process(paced, args.valkey, run) as (via, _, _):
-                    ways = [("direct", paced, KEY, MODEL), ("shim", via, TOKEN, MODEL),
-                            ("litellm", litellm, master, MODEL)]
+                with shim_process(paced, args.valkey, run) as (via, shim_proc, _):
+                    ways = [("direct", paced, KEY, MODEL, None), ("shim", via, TOKEN, MODEL, shim_proc.pid),
+                            ("litellm", litellm, master, MODEL, litellm_proc.pid)]
                     for conc, rounds in ((1, 10 if args.quick else 100), (16, 2 if args.quick else 8)):
                         print("   c=1: one caller per way, the ways taking turns, 100 calls each" if conc == 1 else
                               f"   c={conc}: {rounds} rounds, in each the ways in turn, each under {conc} callers "
@@ -344,7 +359,8 @@ def main() -> int:
                 with (results_queue() as (queue_url, aws_env),
                       shim_process(instant, args.valkey, run, env_over=aws_env, results_queue_url=queue_url)
                       as (via, proc, _)):
-                    shim_way, litellm_way = ("shim", via, TOKEN, MODEL), ("litellm", litellm, master, INSTANT)
+                    shim_way = ("shim", via, TOKEN, MODEL, proc.pid)
+                    litellm_way = ("litellm", litellm, master, INSTANT, litellm_proc.pid)
                     asyncio.run(drive(shim_way, 100, 16))  # warm-up
                     pers = []
                     for _ in range(3):

@@ -29,11 +29,11 @@ def test_each_way_serves_the_same_calls(valkey_url):
     run = "t" + uuid.uuid4().hex[:10]
     instant_cfg = SimulatorConfig(api_key=bench.KEY, rpm=0, itpm=0, otpm=0)
     with (simulator_process(bench.PACED) as paced, simulator_process(instant_cfg) as instant,
-          bench.litellm_process(paced, instant) as (litellm, master, _, _),
-          bench.shim_process(paced, valkey_url, run) as (via, _, ready)):
+          bench.litellm_process(paced, instant) as (litellm, master, litellm_proc, _),
+          bench.shim_process(paced, valkey_url, run) as (via, shim_proc, ready)):
         assert 0 < ready < 30
-        ways = [("direct", paced, bench.KEY, bench.MODEL), ("shim", via, bench.TOKEN, bench.MODEL),
-                ("litellm", litellm, master, bench.MODEL)]
+        ways = [("direct", paced, bench.KEY, bench.MODEL, None), ("shim", via, bench.TOKEN, bench.MODEL, shim_proc.pid),
+                ("litellm", litellm, master, bench.MODEL, litellm_proc.pid)]
         res = asyncio.run(bench.latency(ways, 1, 2))
         for way in ("direct", "shim", "litellm"):
             for stream in (False, True):
@@ -45,7 +45,7 @@ def test_each_way_serves_the_same_calls(valkey_url):
                         assert first < bench.PACED.ttft_ms * 0.9 <= content <= last, (way, first, content, last)
         # each way, non-stream and stream: a warm-up call and 2 measured ones; direct, 2 more (a call's duration)
         assert _requests(paced) == 3 * (2 + 4) + 2
-        asyncio.run(bench.drive(("litellm", litellm, master, bench.INSTANT), 4, 2))
+        asyncio.run(bench.drive(("litellm", litellm, master, bench.INSTANT, litellm_proc.pid), 4, 2))
         assert _requests(instant) == 4 and _requests(paced) == 3 * (2 + 4) + 2
     r = redis.Redis.from_url(valkey_url)
     r.delete(*(list(r.scan_iter(match=f"*{run}*")) or [f"{run}:none"]))
