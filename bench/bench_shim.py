@@ -1,57 +1,42 @@
-"""The shim's cost, measured side by side in one run against the simulator and the real Valkey.
+"""The shim's cost, measured side by side in one run with a LiteLLM proxy (the venv's own, DB-less, 1 worker),
+against the provider simulator and the real Valkey.
 
-    .venv/bin/python bench/bench_shim.py [--quick] [--valkey redis://127.0.0.1:6379/0]
+    .venv/bin/python bench/bench_shim.py [--quick] [--valkey redis://127.0.0.1:6379/0] [--only SECTION ...]
 
-Every shim here has an attempt cap, a run cap and pool limits set (none of them binding), so each call takes
-and settles real holds and books the pool's rpm/itpm/otpm.
-
-Prints, with a PASS/MISS per target (issue 3):
-  1. added latency (via shim - direct, each as its time outside the simulator: see one(); end to end beside),
-     simulator at a model's pace (300 ms to first token, 50 tokens/s), non-streaming and streams (first byte:
-     the head; first content event; last byte), concurrency 1 and 64: p50 <= 0.5 ms, p99 <= 3 ms;
-  2. the shim process's CPU time per call against an instant simulator (pacer, caps, metering, ledger, progress
-     included; ledger rows sent to a results queue, SQS in moto's server mode, as in a task): <= 0.3 ms; beside
-     it, a bare TCP relay's CPU per call on the same calls (a yardstick: these VMs differ by ~2x in speed from
-     one session to the next), and, informational, what that CPU per call alone costs in latency here (c=64, a
-     relay spinning the shim's extra CPU after each answer);
-  3. pacer admissions/s as a ratio to the same Valkey's no-op EVALSHA rate: >= 0.5;
-  4. the shim's RSS (<= 50 MB) and its time from exec to ready-to-serve (<= 0.5 s).
-
-c=1 long prompt: a pinning relay beside the bare one (bench/tcp_relay.py --pin) shows what parsing the body and
-pinning its model cost any proxy.
-
---compiled: the same relays compiled (bench/compiled_relay, built by scripts/build_compiled_relay.sh if it is not
-built yet) run beside the Python ones in the c=1 workloads, as more ways in: how much of a floor is the
-interpreter, i.e. what a compiled shim could reach on this machine; with them a prototype of the shim's path compiled
-(compiled_relay --dataplane: token, pinning, forwarding, the stream held until its first content, usage read, a
-record written; no tickets, no control plane). The c=1 workloads take ~2/3 longer, the long prompt's twice as long;
-not at c=64, where 64 more callers each would load the machine more than a run without them. The pinning relay
-compiled uses its own JSON scanner (bench/compiled_relay/src/scan.rs; --pin, with serde_json, is slower).
+Every shim here has an attempt cap, a run cap and pool limits set (none binding), so each call takes and
+settles real holds and books the pool's rpm/itpm/otpm. The same client (aiohttp) calls the simulator directly,
+through the shim and through LiteLLM, on Anthropic's /v1/messages. Prints a PASS/MISS per target (issue 23):
+  1. added latency over a direct call (each way's percentile less direct's, end to end), at concurrency 1
+     (the three ways taking turns) and 16 (each way in turn under 16 callers of its own), non-stream and
+     stream (first byte: the head; first content event; last byte): p50 <= 3 ms, p99 <= 10 ms, and below
+     LiteLLM's;
+  2. the shim process's CPU per call against an instant simulator, half streams, ledger rows sent to a results
+     queue (SQS in moto's server mode, as in a task): <= 1 ms; LiteLLM's on the same calls beside it;
+  3. the shim's RSS after that run, its results queue's client loaded: <= 120 MB; exec to ready: <= 1.5 s.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
-import re
+import secrets
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
-from typing import NamedTuple
-from urllib.parse import urlparse
 
 import aiohttp
+import httpx
 import redis
-import redis.asyncio as aioredis
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -59,14 +44,20 @@ sys.path.insert(0, str(ROOT))
 from moto_proc import start_moto
 
 from contract import keys
-from shim.pacer import PaceRequest, ValkeyPacer
 from simulator import SimulatorConfig
 from simulator.testing import simulator_process
+from tests.conftest import free_port
 
 KEY = "sk-bench-" + uuid.uuid4().hex
 TOKEN = "bench-local-token"
-DATAPLANE = "compiled"  # ShimConfig.dataplane of every shim here (--dataplane)
-BODY = {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": "hello " * 50}]}
+MODEL = "claude-sonnet-4-5"
+INSTANT = "instant/" + MODEL  # LiteLLM's name for the instant simulator (section 2)
+BODY = {"model": MODEL, "max_tokens": 64, "messages": [{"role": "user", "content": "hello " * 50}]}
+PACED = SimulatorConfig(api_key=KEY, ttft_ms=100, tokens_per_s=1000, rpm=0, itpm=0, otpm=0)
+THINK_S = 0.05  # c=1: a harness's pause between calls
+# what every shim here enforces, as in a real run: caps (never reached) and pool limits (never binding)
+CAPS = {"limits": {"cost_usd": 1000.0, "max_turns": 10**6}, "run_cost_usd": 100_000.0}
+POOL_LIMITS = {"rpm": 10**7, "itpm": 10**11, "otpm": 10**10}
 RESULTS: list[tuple[str, str, bool]] = []
 
 
@@ -80,70 +71,8 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
-# what every shim here enforces, as in a real run: an attempt cap and a run cap (never reached) and pool limits
-# (never binding), so that each call takes and settles real holds and books the pool's three GCRA dimensions
-CAPS = {"limits": {"cost_usd": 1000.0, "max_turns": 10**6}, "run_cost_usd": 100_000.0}
-POOL_LIMITS = {"rpm": 10**7, "itpm": 10**11, "otpm": 10**10}
-
-
-@contextmanager
-def shim_process(upstream: str, valkey_url: str, run: str, env_over: dict | None = None, **over):
-    if valkey_url:
-        r = redis.Redis.from_url(valkey_url)
-        r.hset(keys.pool_limits(f"{run}-pool"), mapping=POOL_LIMITS)
-        r.close()
-    with tempfile.TemporaryDirectory() as d:
-        cfg = {"upstream_url": upstream, "provider": "anthropic", "model": "claude-sonnet-4-5", "pool": f"{run}-pool",
-               "ref": {"run": run, "instance_id": "bench__bench-1", "attempt": 1}, "local_token": TOKEN,
-               "ledger_path": f"{d}/ledger.jsonl", "port_file": f"{d}/port", "valkey_url": valkey_url, **CAPS,
-               "dataplane": DATAPLANE, **over}
-        Path(d, "shim.json").write_text(json.dumps(cfg))
-        # as the task runner starts it (harness/task.py): its default log level, its output to a file
-        env = {**{k: v for k, v in os.environ.items() if k != "SHIM_LOG_LEVEL"}, "SHIM_UPSTREAM_KEY": KEY,
-               "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env_over or {})}
-        log = open(f"{d}/shim.log", "ab")  # noqa: SIM115 - closed below, after the process
-        t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "shim", "--config", f"{d}/shim.json"], cwd=ROOT, env=env,
-                                stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        port_file = Path(d, "port")
-        while not port_file.exists():
-            if proc.poll() is not None:
-                log.close()
-                raise RuntimeError("shim exited: " + Path(d, "shim.log").read_text()[-2000:])
-            time.sleep(0.001)
-        ready = time.perf_counter() - t0
-        try:
-            yield f"http://127.0.0.1:{port_file.read_text()}", proc, ready
-        finally:
-            proc.terminate()
-            proc.wait(30)
-            log.close()
-
-
-def family(pid: int) -> list[int]:
-    """`pid` and its children (the shim and, with the compiled data plane, its shim_dataplane process)."""
-    kids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                kids.append(int(stat.parent.name))
-        except (OSError, ValueError):
-            continue
-    return [pid, *kids]
-
-
-def cpu_s(pid: int) -> float:
-    """CPU seconds of `pid` and its children (those still running: the shim's data plane is)."""
-    total = 0
-    for p in family(pid):
-        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 class MachineBusy:
-    """How busy the machine's CPUs were between start and stop (/proc/stat: 1 - idle share): a workload that
-    keeps the machine busy measures queueing for a CPU as much as the shim, and the report says so."""
+    """How busy the machine's CPUs were between start and share() (/proc/stat): other sessions' load included."""
 
     def __init__(self) -> None:
         self.start = self._read()
@@ -158,8 +87,33 @@ class MachineBusy:
         return 1 - (idle - self.start[1]) / max(1, total - self.start[0])
 
 
+def _proc_stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+@functools.cache
+def family(pid: int) -> list[int]:
+    """`pid` and its descendants (LiteLLM's proxy may run its worker as a child), as they are when first asked."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            children.setdefault(int(_proc_stat(int(stat.parent.name))[1]), []).append(int(stat.parent.name))
+        except (OSError, ValueError):
+            continue
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def cpu_s(pid: int) -> float:
+    ticks = sum(int(f[11]) + int(f[12]) for f in (_proc_stat(p) for p in family(pid)))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int) -> float:
-    """RSS of `pid` and its children, summed."""
     total = 0.0
     for p in family(pid):
         for line in Path(f"/proc/{p}/status").read_text().splitlines():
@@ -168,459 +122,273 @@ def rss_mb(pid: int) -> float:
     return total
 
 
-def long_body() -> dict:
-    """A prompt as a harness sends it some turns into a task: ~140 KB of conversation."""
-    turn = "some text with code `def f(x): return x` and its output lines\n" * 40
-    return {**BODY, "messages": [{"role": ("user", "assistant")[i % 2], "content": turn} for i in range(60)]}
+@contextmanager
+def shim_process(upstream: str, valkey_url: str, run: str, env_over: dict | None = None, **over):
+    """`python -m shim` as the task runner starts it (harness/task.py): yields (URL, process, exec-to-ready s)."""
+    r = redis.Redis.from_url(valkey_url)
+    r.hset(keys.pool_limits(f"{run}-pool"), mapping=POOL_LIMITS)
+    r.close()
+    with tempfile.TemporaryDirectory() as d:
+        cfg = {"upstream_url": upstream, "provider": "anthropic", "model": MODEL, "pool": f"{run}-pool",
+               "ref": {"run": run, "instance_id": "bench__bench-1", "attempt": 1}, "local_token": TOKEN,
+               "ledger_path": f"{d}/ledger.jsonl", "port_file": f"{d}/port", "valkey_url": valkey_url, **CAPS, **over}
+        Path(d, "shim.json").write_text(json.dumps(cfg))
+        env = {**{k: v for k, v in os.environ.items() if k != "SHIM_LOG_LEVEL"}, "SHIM_UPSTREAM_KEY": KEY,
+               "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env_over or {})}
+        with open(f"{d}/shim.log", "ab") as log:
+            t0 = time.perf_counter()
+            proc = subprocess.Popen([sys.executable, "-m", "shim", "--config", f"{d}/shim.json"], cwd=ROOT, env=env,
+                                    stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+            port_file = Path(d, "port")
+            while not port_file.exists():
+                if proc.poll() is not None:
+                    raise RuntimeError("shim exited: " + Path(d, "shim.log").read_text()[-2000:])
+                time.sleep(0.001)
+            ready = time.perf_counter() - t0
+            try:
+                yield f"http://127.0.0.1:{port_file.read_text()}", proc, ready
+            finally:
+                proc.terminate()
+                proc.wait(30)
 
 
 @contextmanager
-def _listening(cmd: list[str], env: dict | None = None):
-    """A relay process that prints the port it listens on: yields (its URL, its pid); kills it after."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        yield f"http://127.0.0.1:{proc.stdout.readline().strip()}", proc.pid
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-@contextmanager
-def relay_process(upstream: str, with_pid: bool = False, burn_us: float = 0.0, pin: str | None = None):
-    """bench/tcp_relay.py in front of `upstream`: the floor for one more process on the path. Yields its URL (and
-    its pid: `with_pid`). `burn_us`: CPU it spins after passing on each response head; `pin`: a pinning relay,
-    which parses each request's body and pins its model (see tcp_relay.py)."""
-    u = urlparse(upstream)
-    with _listening([sys.executable, str(ROOT / "bench" / "tcp_relay.py"), u.hostname, str(u.port),
-                     *([f"{burn_us:.0f}"] if burn_us else []), *(["--pin", pin] if pin else [])]) as (url, pid):
-        yield (url, pid) if with_pid else url
-
-
-@contextmanager
-def compiled_process(binary: str, upstream: str, *mode: str):
-    """bench/compiled_relay's `binary` in front of `upstream`; `mode`: none (a bare relay), ("--scan-pin", MODEL)
-    or ("--dataplane",): the data plane prototype, pinned to BODY's model, taking TOKEN, sending KEY, writing its
-    call records to a temporary file. Yields its URL."""
-    u = urlparse(upstream)
-    cmd, env = [binary, u.hostname, str(u.port), *mode], None
-    with tempfile.TemporaryDirectory(prefix="bench-dataplane-") as tmp:
-        if mode == ("--dataplane",):
-            cmd += [BODY["model"], TOKEN]
-            env = {**os.environ, "DATAPLANE_UPSTREAM_KEY": KEY, "DATAPLANE_RECORDS": os.path.join(tmp, "records.jsonl")}
-        with _listening(cmd, env) as (url, _):
-            yield url
+def litellm_process(paced: str, instant: str):
+    """The venv's LiteLLM proxy, DB-less, 1 worker, no retries: MODEL goes to the paced simulator, INSTANT to the
+    instant one. Yields (URL, master key, process, exec-to-ready s)."""
+    exe = os.environ.get("EVALPLANE_LITELLM") or shutil.which("litellm", path=str(Path(sys.executable).parent))
+    if exe is None:
+        raise SystemExit("bench_shim: no litellm executable in the venv (or $EVALPLANE_LITELLM)")
+    with tempfile.TemporaryDirectory() as d:
+        Path(d, "cfg.yaml").write_text(
+            "model_list:\n" + "".join(
+                f"  - model_name: {name}\n    litellm_params:\n      model: anthropic/{MODEL}\n"
+                f"      api_base: {url}\n      api_key: os.environ/SIM_KEY\n" for name, url in ((MODEL, paced),
+                                                                                          (INSTANT, instant)))
+            + "litellm_settings:\n  num_retries: 0\n  request_timeout: 60\n"
+            "general_settings:\n  master_key: os.environ/LITELLM_MASTER_KEY\n")
+        master, port = "sk-" + secrets.token_hex(16), free_port()
+        env = {**{k: v for k, v in os.environ.items() if k != "DATABASE_URL"},  # DB-less
+               "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_MASTER_KEY": master, "SIM_KEY": KEY}
+        with open(f"{d}/litellm.log", "wb") as log:
+            t0 = time.perf_counter()
+            proc = subprocess.Popen([exe, "--config", f"{d}/cfg.yaml", "--port", str(port), "--num_workers", "1"],
+                                    env=env, stdout=log, stderr=subprocess.STDOUT)
+            base = f"http://127.0.0.1:{port}"
+            try:
+                while True:
+                    if proc.poll() is not None:
+                        raise RuntimeError("litellm exited: " + Path(d, "litellm.log").read_text()[-2000:])
+                    try:
+                        if httpx.get(f"{base}/health/liveliness", timeout=1).status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        time.sleep(0.05)
+                yield base, master, proc, time.perf_counter() - t0
+            finally:
+                proc.terminate()
+                proc.wait(30)
 
 
 @contextmanager
 def results_queue():
-    """An SQS queue in moto's server mode (a subprocess), as a task's results queue: yields (queue URL, the
-    environment a shim needs to send to it)."""
+    """An SQS queue in moto's server mode, as a task's results queue: yields (queue URL, the shim's env)."""
     import boto3
 
     proc, endpoint = start_moto()
     try:
         env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1",
                "AWS_ENDPOINT_URL_SQS": endpoint}
-        sqs = boto3.client("sqs", endpoint_url=env["AWS_ENDPOINT_URL_SQS"], region_name="us-east-1",
-                           aws_access_key_id="bench", aws_secret_access_key="bench")
+        sqs = boto3.client("sqs", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="bench",
+                           aws_secret_access_key="bench")
         yield sqs.create_queue(QueueName="bench-results")["QueueUrl"], env
     finally:
         proc.kill()
         proc.wait()
 
 
-_SENT = re.compile(rb": sent=([0-9.]+)")
-THINK_S = 0.05  # c=1: a harness's pause between calls (a real one runs a command; seconds)
+Way = tuple[str, str, str, str, int | None]  # (name, base URL, key, the model the caller names, its process)
 
 
-class Times(NamedTuple):
-    """One call, in ms: its time outside the simulator up to each point (see one()), then end to end."""
-
-    first: float  # the response head
-    last: float  # the last byte
-    content: float  # the first content byte (a non-stream answer: its last byte)
-    e2e_first: float
-    e2e_last: float
-    e2e_content: float
-
-
-async def one(session: aiohttp.ClientSession, url: str, headers: dict, stream: bool,
-              body: dict | None = None) -> Times:
-    """A call's time outside the simulator up to its first byte, last byte and first content byte: from the
-    request's start to its arrival at the simulator, plus from the simulator's sending of that part to the
-    client having it (SimulatorConfig.report_timing; time.perf_counter is the machine's monotonic clock in
-    every process). Then the same three end to end, as the client saw them.
-
-    Why outside the simulator: the simulator's own time for the same call moves with what else runs (its
-    timers wake on whole milliseconds; measured side by side, its time for direct calls moved by ~0.5 ms
-    against shim calls when the calls were spaced out), and that is the simulator's, not the shim's."""
-    data = json.dumps({**(body or BODY), "stream": stream}).encode()
+async def one(session: aiohttp.ClientSession, way: Way, stream: bool) -> tuple[float, ...]:
+    """One call, end to end, in ms: (first byte, first content, last byte); a non-stream answer's first content
+    is its last byte."""
+    _, base, key, model, _ = way
+    data = json.dumps({**BODY, "model": model, "stream": stream}).encode()
     t0 = time.perf_counter()
-    async with session.post(url, data=data, headers={**headers, "Content-Type": "application/json"}) as r:
+    async with session.post(base + "/v1/messages", data=data,
+                            headers={"x-api-key": key, "Content-Type": "application/json"}) as r:
         first = time.perf_counter()
-        assert r.status == 200, r.status
-        # (an instant simulator without report_timing: the time outside it is taken as the whole call's)
-        arrived = float(r.headers.get("x-simulator-arrived", t0))
-        head_sent = float(r.headers.get("x-simulator-sent", first))
-        content = content_sent = None
-        last_sent = head_sent
+        assert r.status == 200, (r.status, await r.text())
+        content = None
         async for chunk in r.content.iter_any():
-            i = chunk.find(b"content_block_delta") if content is None else -1
-            if i >= 0:
+            if content is None and b"content_block_delta" in chunk:
                 content = time.perf_counter()
-                before = _SENT.findall(chunk, 0, i)
-                content_sent = float(before[-1]) if before else last_sent
-            if b": sent=" in chunk:
-                last_sent = float(_SENT.findall(chunk)[-1])
     end = time.perf_counter()
-    to_sim = arrived - t0
-    e2e = ((first - t0) * 1000, (end - t0) * 1000, ((content or end) - t0) * 1000)
-    if content is None:  # a non-stream answer: its head and body came at once
-        content, content_sent = end, last_sent
-    return Times((to_sim + first - head_sent) * 1000, (to_sim + end - last_sent) * 1000,
-                 (to_sim + content - content_sent) * 1000, *e2e)
+    return (first - t0) * 1000, ((content or end) - t0) * 1000, (end - t0) * 1000
 
 
-async def latency_lockstep(direct: str, via: str, conc: int, rounds: int) -> dict:
-    """Informational: `conc` calls fired in the same millisecond, direct and shim waves alternating."""
-    hd = {"x-api-key": KEY}
-    hs = {"x-api-key": TOKEN}
-    out = {(m, s): [] for m in ("direct", "shim") for s in (False, True)}
+async def latency(ways: list[Way], conc: int, rounds: int, per_caller: int = 2) -> dict:
+    """conc=1: one caller per way, taking turns in an order rotated every turn, THINK_S apart, `rounds` calls
+    each. Else, in `rounds` rounds, each way in turn (rotated every round) under `conc` closed-loop callers of its
+    own, starting at random offsets within one call's time, `per_caller` calls each (so that one way's load is
+    not another's: LiteLLM's would starve the machine). After a warm-up of `conc` calls at once each way.
+    -> {(way, stream): [times]}"""
+    out = {(w[0], s): [] for w in ways for s in (False, True)}
+    rng = random.Random(1)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        for stream in (False, True):  # warm connections
-            await asyncio.gather(*(one(session, direct + "/v1/messages", hd, stream) for _ in range(conc)),
-                                 *(one(session, via + "/v1/messages", hs, stream) for _ in range(conc)))
-        for _ in range(rounds):
-            for stream in (False, True):
-                for mode, base, h in (("direct", direct, hd), ("shim", via, hs)):
-                    out[(mode, stream)] += await asyncio.gather(
-                        *(one(session, base + "/v1/messages", h, stream) for _ in range(conc)))
-    return out
+        for stream in (False, True):
+            period = (await one(session, ways[0], stream))[2] / 1000
+            for w in ways:
+                await asyncio.gather(*(one(session, w, stream) for _ in range(conc)))
 
-
-# the ways in besides direct and the shim: what each one's report line says it is
-WAYS = {
-    "relay": "floor, a bare TCP relay (bench/tcp_relay.py) on the same path",
-    "compiled": "floor, the same relay compiled (bench/compiled_relay)",
-    "pinning": "floor for parsing and pinning the body, a pinning relay (tcp_relay.py --pin)",
-    "compiled scan pinning": "floor for parsing and pinning the body, compiled (compiled_relay --scan-pin)",
-    "dataplane": "the shim's path compiled, a prototype without tickets or control plane (compiled_relay --dataplane)",
-    "python shim": "beside it, the shim with its Python data plane (dataplane: python)",
-}
-
-
-async def latency_closed(direct: str, via: str, relay: str, conc: int, calls: int, seed: int = 1,
-                         body: dict | None = None, streams: tuple[bool, ...] = (False, True),
-                         more: dict[str, str] | None = None) -> dict:
-    """`conc` closed-loop callers through the shim, `conc` through the bare relay and `conc` calling the
-    simulator directly, all running at the same time (so noise hits all three); each caller starts at a random
-    offset within one call's duration, then makes `calls` calls back to back. conc=1: one caller of each,
-    taking turns in a rotating order. `body`: the request (the shim's callers name a model alias, which the
-    shim rewrites). `more`: more ways in, {name in WAYS: URL}; a pinning relay (relay_process(pin=...)) and the data
-    plane prototype are sent the shim's body (they pin the model as the shim does), the latter with its token."""
-    direct_body = body
-    shim_body = None if body is None else {**body, "model": "anthropic/" + body["model"]}
-    modes = (("direct", direct, {"x-api-key": KEY}, direct_body), ("relay", relay, {"x-api-key": KEY}, direct_body),
-             ("shim", via, {"x-api-key": TOKEN}, shim_body))
-    for name, url in (more or {}).items():
-        as_shim = "pinning" in name or name in ("dataplane", "python shim")
-        modes += ((name, url, {"x-api-key": TOKEN if name in ("dataplane", "python shim") else KEY},
-                   shim_body if as_shim else direct_body),)
-    rng = random.Random(seed)
-    out = {(m[0], s): [] for m in modes for s in streams}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        for stream in streams:
-            # one call's duration, end to end (callers start at random offsets within it)
-            period = (await one(session, direct + "/v1/messages", modes[0][2], stream, body)).e2e_last / 1000
-            # warm-up, not measured: `conc` calls at once each way, so that every path has its connections
-            # (the harness's to the shim and the simulator, the shim's to the simulator) before measuring
-            await asyncio.gather(*(one(session, base + "/v1/messages", h, stream, b)
-                                   for _, base, h, b in modes for _ in range(conc)))
-            if conc == 1:
-                # they take turns, in an order rotated every turn: a call's place in the turn moves its latency
-                # by ~0.1 ms (A/B runs of two shims in swapped places showed the last place favoured)
-                for i in range(calls):
-                    for mode, base, h, b in modes[i % len(modes):] + modes[:i % len(modes)]:
-                        out[(mode, stream)].append(await one(session, base + "/v1/messages", h, stream, b))
-                        await asyncio.sleep(THINK_S)
-                continue
-
-            async def caller(mode: str, base: str, h: dict, b: dict | None, offset: float,
-                             stream: bool = stream) -> None:
+            async def caller(w: Way, offset: float, n: int, stream: bool = stream) -> None:
                 await asyncio.sleep(offset)
-                for _ in range(calls):
-                    out[(mode, stream)].append(await one(session, base + "/v1/messages", h, stream, b))
+                for _ in range(n):
+                    out[(w[0], stream)].append(await one(session, w, stream))
+                    if conc == 1:
+                        await asyncio.sleep(THINK_S)
 
-            await asyncio.gather(*(caller(mode, base, h, b, rng.uniform(0, period))
-                                   for _ in range(conc) for mode, base, h, b in modes))
+            for i in range(rounds):
+                for w in ways[i % len(ways):] + ways[:i % len(ways)]:
+                    if conc == 1:
+                        await caller(w, 0, 1)
+                    else:
+                        await asyncio.gather(*(caller(w, rng.uniform(0, period), per_caller) for _ in range(conc)))
+                    await quiet(w[4])
     return out
 
 
-def report_latency(res: dict, conc: int, informational: bool = False, tag: str = "") -> None:
+async def quiet(pid: int | None, timeout_s: float = 10.0) -> None:
+    """Wait until the process has finished what its calls left it to do (LiteLLM logs and prices its calls after
+    answering them): the next way's calls are not measured against it."""
+    deadline = time.monotonic() + timeout_s
+    while pid is not None and time.monotonic() < deadline:
+        c0 = cpu_s(pid)
+        await asyncio.sleep(0.02)
+        if cpu_s(pid) - c0 < 0.005:
+            return
+
+
+def report_latency(res: dict, conc: int) -> None:
     for stream, label in ((False, "non-stream"), (True, "stream")):
-        if ("shim", stream) not in res:
-            continue
-        # a stream: its head (the first byte), its first content event (what the harness waits for: the shim
-        # holds the events before it back, so that errors before it can be retried unseen) and its last byte
-        rows = (("first", "first byte"), ("content", "1st content"), ("last", "last byte")) if stream \
-            else (("last", "response"),)
-        for point, what in rows:
-            d = [getattr(x, point) for x in res[("direct", stream)]]
-            s = [getattr(x, point) for x in res[("shim", stream)]]
-            p50 = pct(s, 50) - pct(d, 50)
-            p99 = pct(s, 99) - pct(d, 99)
-            d_raw = [getattr(x, "e2e_" + point) for x in res[("direct", stream)]]
-            s_raw = [getattr(x, "e2e_" + point) for x in res[("shim", stream)]]
-            print(f"    c={conc:<3} {label:10} {what:10}  outside the simulator: direct p50 {pct(d, 50):6.2f} p99 "
-                  f"{pct(d, 99):6.2f} | shim p50 {pct(s, 50):6.2f} p99 {pct(s, 99):6.2f} ms (n={len(s)}); end to "
-                  f"end: shim - direct p50 {pct(s_raw, 50) - pct(d_raw, 50):+.2f}, "
-                  f"p99 {pct(s_raw, 99) - pct(d_raw, 99):+.2f}")
-            for name, way in WAYS.items():
-                if (name, stream) in res:
-                    r = [getattr(x, point) for x in res[(name, stream)]]
-                    print(f"    {'':16}{what:10}  {way}: p50 {pct(r, 50) - pct(d, 50):+.2f} ms, "
-                          f"p99 {pct(r, 99) - pct(d, 99):+.2f} ms")
-            if informational:
-                print(f"  info  lockstep burst c={conc} {label} {what}: p50 {p50:+.2f} ms, p99 {p99:+.2f} ms")
-                continue
-            verdict(f"added latency c={conc}{tag} {label} {what}", f"p50 {p50:+.2f} ms, p99 {p99:+.2f} ms",
-                    p50 <= 0.5 and p99 <= 3.0)
+        points = ((0, "first byte"), (1, "1st content"), (2, "last byte")) if stream else ((2, "response"),)
+        for i, what in points:
+            d = [x[i] for x in res[("direct", stream)]]
+            added = {}
+            for way in ("shim", "litellm"):
+                xs = [x[i] for x in res[(way, stream)]]
+                added[way] = (pct(xs, 50) - pct(d, 50), pct(xs, 99) - pct(d, 99))
+            (s50, s99), (l50, l99) = added["shim"], added["litellm"]
+            print(f"    c={conc:<2} {label:10} {what:11} direct p50 {pct(d, 50):7.2f} p99 {pct(d, 99):7.2f} ms "
+                  f"(n={len(d)}); added: shim p50 {s50:+6.2f} p99 {s99:+6.2f}, litellm p50 {l50:+6.2f} p99 {l99:+6.2f}")
+            verdict(f"added latency c={conc} {label} {what}",
+                    f"shim p50 {s50:+.2f} ms, p99 {s99:+.2f} ms; litellm p50 {l50:+.2f} ms, p99 {l99:+.2f} ms",
+                    s50 <= 3.0 and s99 <= 10.0 and s50 < l50 and s99 < l99)
 
 
-async def drive(via: str, n: int, conc: int, key: str = TOKEN) -> None:
-    hs = {"x-api-key": key}
+async def drive(way: Way, n: int, conc: int) -> None:
     sem = asyncio.Semaphore(conc)
 
-    async def go(i: int):
+    async def go(i: int) -> None:
         async with sem:
-            await one(session, via + "/v1/messages", hs, i % 2 == 1)
+            await one(session, way, i % 2 == 1)
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         await asyncio.gather(*(go(i) for i in range(n)))
+    await quiet(way[4])
 
 
-async def pacer_rate(valkey_url: str, pool: str, seconds: float, conc: int = 64) -> tuple[float, float]:
-    r = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(valkey_url, max_connections=conc))
-    await r.hset(keys.pool_limits(pool), mapping={"rpm": 10**9, "itpm": 10**12, "otpm": 10**12})
-    pacer = ValkeyPacer(r, pool, burst_s=60)
-    noop = r.register_script("return 1")
-    req = PaceRequest(pool, 1000, 500)
-
-    async def loop(fn, stop: float, count: list[int]):
-        while time.perf_counter() < stop:
-            await fn()
-            count[0] += 1
-
-    async def rate(fn) -> float:
-        count = [0]
-        t0 = time.perf_counter()
-        await asyncio.gather(*(loop(fn, t0 + seconds, count) for _ in range(conc)))
-        return count[0] / (time.perf_counter() - t0)
-
-    await pacer.admit(req)
-    await noop(keys=[keys.pool_pacer(pool)])
-    rates = {"pacer": [], "noop": []}
-    for _ in range(2):  # interleaved, so drift hits both
-        rates["noop"].append(await rate(lambda: noop(keys=[keys.pool_pacer(pool)])))
-        rates["pacer"].append(await rate(lambda: pacer.admit(req)))
-    await r.delete(keys.pool_limits(pool), keys.pool_pacer(pool))
-    await r.aclose()
-    return statistics.mean(rates["pacer"]), statistics.mean(rates["noop"])
+def cpu_per_call(way: Way, pid: int, n: int) -> tuple[float, float]:
+    """(CPU ms per call of `pid` and its children, calls/s) over `n` calls at concurrency 16, half streams."""
+    c0, t0 = cpu_s(pid), time.perf_counter()
+    asyncio.run(drive(way, n, 16))
+    wall = time.perf_counter() - t0
+    return (cpu_s(pid) - c0) / n * 1000, n / wall
 
 
-_seen = {"calls": 0, "used": 0, "asks": 0}
-
-
-def print_paths(via: str) -> None:
-    """How many of the shim's calls since the last report went on a ticket (with the compiled data plane: the
-    calls it served itself; the others went to the Python shim)."""
-    st = json.loads(urllib.request.urlopen(f"{via}/_shim/status", timeout=10).read())
-    compiled = st.get("dataplane") == "compiled"
-    n = st["dataplane_calls"] if compiled else st["tickets"].get("used", 0)
-    calls, used = st["calls"] - _seen["calls"], n - _seen["used"]
-    _seen.update(calls=st["calls"], used=n)
-    where = "served by the compiled data plane" if compiled else "on a ticket"
-    asks = st.get("dataplane_asks", 0) - _seen.get("asks", 0)
-    _seen["asks"] = st.get("dataplane_asks", 0)
-    print(f"    the shim's calls {where}: {used} of {calls}" + (f" ({asks} on a ticket it asked for)" if compiled else ""))
-
-
-def cleanup(valkey_url: str, run: str) -> None:
-    r = redis.Redis.from_url(valkey_url)
-    found = list(r.scan_iter(match=f"*{run}*", count=1000))
-    if found:
-        r.delete(*found)
-    r.close()
-
-
-SECTIONS = ("latency", "cpu", "pacer", "process")
-# the realistic model pace of section 1 (and of section 2's informational latency run)
-PACED = SimulatorConfig(api_key=KEY, ttft_ms=300, tokens_per_s=50, rpm=0, itpm=0, otpm=0, report_timing=True)
-
-
-def bench_latency(args, run: str, compiled: str | None) -> None:
-    """1. added latency per call, against calling the simulator directly."""
-    print("1. added latency (simulator: 300 ms to first token, 50 tokens/s)")
-    with (simulator_process(PACED) as sim, shim_process(sim, args.valkey, run) as (via, proc, _),
-          relay_process(sim) as relay, ExitStack() as stack):
-        # the compiled ways join the c=1 workloads only: at c=64 their callers would load the machine more than
-        # the runs without them (and move the shim's rows)
-        more = {name: stack.enter_context(compiled_process(compiled, sim, *mode))
-                for name, mode in (("compiled", ()), ("dataplane", ("--dataplane",)))} if compiled else {}
-        if DATAPLANE == "compiled":  # the Python data plane beside it (c=1 only, as the compiled relays)
-            more["python shim"] = stack.enter_context(
-                shim_process(sim, args.valkey, run + "py", dataplane="python"))[0]
-        # c=1: 100 calls each, so that its p99 is a p99 (of 30, as until 2026-11-30, it was the slowest call: one
-        # stall of the VM in any of the three decided the row)
-        for conc, calls in ((1, 8 if args.quick else 100), (64, 2 if args.quick else 12)):
-            if conc == 1:
-                print(f"   workload c=1: one caller direct, one via the bare relay, one via the shim"
-                      f"{', one via the compiled relay, one via the compiled data plane' if compiled else ''}"
-                      f"{', one via the shim with its Python data plane' if DATAPLANE == 'compiled' else ''}, "
-                      f"taking turns in a rotating order, "
-                      f"{calls} calls each, {THINK_S * 1000:.0f} ms apart")
-            else:
-                print(f"   workload c={conc}: {conc} closed-loop callers via the shim, {conc} via the bare relay "
-                      f"and {conc} direct, running side by side, random start offsets within one call, {calls} "
-                      f"calls each (after a warm-up of {conc} calls at once each way)")
-            busy = MachineBusy()
-            res = asyncio.run(latency_closed(sim, via, relay, conc, calls, more=more if conc == 1 else None))
-            print(f"    the machine's CPUs were {busy.share():.0%} busy during this workload")
-            report_latency(res, conc)
-            print_paths(via)
-        calls = 8 if args.quick else 60
-        three = "; three more: the bare relay compiled, the pinning one compiled, the compiled data plane"
-        print(f"   workload c=1, long prompt: as c=1, with a {len(json.dumps(long_body())) // 1024} KB prompt "
-              f"naming a model alias (the shim parses it, pins the model and serialises it again), "
-              f"non-stream, {calls} calls each; a fourth caller goes via a pinning relay, which does only that"
-              f"{three if compiled else ''}")
-        # a new shim (and Python shim beside it): the c=64 workload left up to 64 tickets sized for short prompts,
-        # each of which a long prompt's call would give back and ask for itself (until 2026-11-30 every call
-        # here did: the row carried a Valkey round trip that a harness growing its prompt does not pay)
-        with (relay_process(sim, pin=BODY["model"]) as pinning,
-              shim_process(sim, args.valkey, run + "lp") as (via_lp, _, _)):
-            if compiled:
-                more["compiled scan pinning"] = stack.enter_context(
-                    compiled_process(compiled, sim, "--scan-pin", BODY["model"]))
-            if "python shim" in more:
-                more["python shim"] = stack.enter_context(
-                    shim_process(sim, args.valkey, run + "lppy", dataplane="python"))[0]
-            report_latency(asyncio.run(latency_closed(sim, via_lp, relay, 1, calls, body=long_body(),
-                                                      streams=(False,), more={"pinning": pinning, **more})),
-                           1, tag=" long prompt")
-            _seen.update(calls=0, used=0, asks=0)
-            print_paths(via_lp)
-        print("   informational, not a target: c=64 lockstep bursts (64 calls in the same millisecond, "
-              "direct and shim waves alternating)")
-        report_latency(asyncio.run(latency_lockstep(sim, via, 64, 1 if args.quick else 2)), 64, True)
-
-
-def bench_cpu(args, run: str) -> float:
-    """2. the shim's CPU per call against an instant simulator, beside a bare relay's; returns its RSS after."""
-    print("2. shim CPU per call (instant simulator; half streams; concurrency 16; ledger rows sent to a results "
-          "queue, SQS in moto's server mode, as in a task), beside a bare TCP relay's on the same calls (what "
-          "any process on the path costs on this machine: a yardstick across machines)")
-    instant = SimulatorConfig(api_key=KEY, rpm=0, itpm=0, otpm=0)
-    n = 600 if args.quick else 2000
-    with (results_queue() as (queue_url, aws_env), simulator_process(instant) as sim,
-          shim_process(sim, args.valkey, run, env_over=aws_env, results_queue_url=queue_url) as (via, proc, _),
-          relay_process(sim, with_pid=True) as (relay, relay_pid)):
-        asyncio.run(drive(via, 100, 16))  # warm up
-        asyncio.run(drive(relay, 100, 16, KEY))
-        pers, floors = [], []
-        for _ in range(5):  # the median of five rounds (one round moves by up to +-0.1 ms on a noisy VM)
-            c0, t0 = cpu_s(proc.pid), time.perf_counter()
-            asyncio.run(drive(via, n, 16))
-            used, wall = cpu_s(proc.pid) - c0, time.perf_counter() - t0
-            pers.append(used / n * 1000)
-            c0 = cpu_s(relay_pid)
-            asyncio.run(drive(relay, n, 16, KEY))
-            floors.append((cpu_s(relay_pid) - c0) / n * 1000)
-            print(f"    {n} calls in {wall:.2f} s ({n / wall:.0f}/s), shim CPU {used:.2f} s; the relay's on the "
-                  f"same calls {floors[-1] * n / 1000:.2f} s")
-        per, floor = statistics.median(pers), statistics.median(floors)
-        print(f"    bare relay CPU per call (median of 5 rounds): {floor:.3f} ms; the shim's is "
-              f"{per / floor:.1f}x it")
-        verdict("shim CPU per call (median of 5 rounds)", f"{per:.3f} ms", per <= 0.3)
-        rss = rss_mb(proc.pid)
-
-    burn = max(0.0, per - floor) * 1000
-    print(f"   informational, not a target: what CPU per call alone costs in latency here. c=64 non-stream, side "
-          f"by side: direct, via the shim, and via the bare relay spinning {burn:.0f} us of CPU after each answer "
-          f"(the shim's CPU per call less the relay's, above)")
-    with (simulator_process(PACED) as sim, shim_process(sim, args.valkey, run) as (via, proc, _),
-          relay_process(sim, burn_us=burn) as burner):
-        res = asyncio.run(latency_closed(sim, via, burner, 64, 2 if args.quick else 12, streams=(False,)))
-        d, sh, r = ([x.last for x in res[(m, False)]] for m in ("direct", "shim", "relay"))
-        print(f"  info  c=64 non-stream response, p50 over direct: via the shim {pct(sh, 50) - pct(d, 50):+.2f} "
-              f"ms, via the relay spinning {burn:.0f} us {pct(r, 50) - pct(d, 50):+.2f} ms")
-    return rss
-
-
-def bench_pacer(args, run: str) -> None:
-    """3. pacer admissions per second against a no-op EVALSHA."""
-    print("3. pacer admissions/s vs no-op EVALSHA (same Valkey, same client, 64 concurrent)")
-    p, noop = asyncio.run(pacer_rate(args.valkey, f"{run}-pool", 1.0 if args.quick else 2.0))
-    verdict("pacer admissions / no-op EVALSHA", f"{p:.0f}/s vs {noop:.0f}/s = {p / noop:.2f}", p / noop >= 0.5)
-
-
-def bench_process(args, run: str, rss: float | None) -> None:
-    """4. the shim process: RSS (after the CPU run, if it ran) and time to ready."""
-    print("4. the shim process")
-    readies = []
-    for _ in range(3):
-        with shim_process("http://127.0.0.1:9", args.valkey, run) as (_, proc, ready):
-            readies.append(ready)
-    if rss is not None:
-        verdict("RSS after the CPU run", f"{rss:.1f} MB", rss <= 50)
-    # in a task the shim always has a results queue: its SQS sender (shim/sqs.py) is loaded and has its
-    # credentials (from the environment here) once it is ready
-    with shim_process("http://127.0.0.1:9", args.valkey, run,
-                      results_queue_url="http://127.0.0.1:9/000000000000/bench-never",
-                      env_over={"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
-                                "AWS_REGION": "us-east-1"}) as (_, proc, _):
-        time.sleep(3)
-        rss_q = rss_mb(proc.pid)
-    verdict("RSS with a results queue configured (SQS client loaded, idle)", f"{rss_q:.1f} MB", rss_q <= 50)
-    verdict("exec to ready-to-serve (median of 3)", f"{statistics.median(readies) * 1000:.0f} ms",
-            statistics.median(readies) <= 0.5)
+def precompile() -> int:
+    """Byte-compile what the shim loads, as a task image has it (pip compiles at install; this venv was made by uv,
+    which does not, and PYTHONDONTWRITEBYTECODE may be set): else every start compiles ~300 modules."""
+    code = ("import sys, py_compile, importlib.util, shim.__main__, shim.server, boto3, botocore.session; "
+            "boto3.session.Session(region_name='us-east-1').client('sqs'); n = 0\n"
+            "for m in list(sys.modules.values()):\n"
+            "    f = getattr(m, '__file__', None) or ''\n"
+            "    if f.endswith('.py') and not __import__('os').path.exists(importlib.util.cache_from_source(f)):\n"
+            "        py_compile.compile(f, importlib.util.cache_from_source(f)); n += 1\n"
+            "print(n)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True)
+    return int(out.stdout.strip() or 0)
 
 
 def main() -> int:
+    sections = ("latency", "cpu", "process")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--valkey", default=os.environ.get("VALKEY_URL", "redis://127.0.0.1:6379/0"))
-    ap.add_argument("--quick", action="store_true", help="fewer rounds (noisier)")
-    ap.add_argument("--compiled", action="store_true",
-                    help="run the relays compiled too (bench/compiled_relay), beside the Python ones")
-    ap.add_argument("--dataplane", choices=("compiled", "python"), default="compiled",
-                    help="the shim's data plane (ShimConfig.dataplane; compiled: built first if needed)")
-    ap.add_argument("--only", nargs="+", choices=SECTIONS, default=SECTIONS, metavar="SECTION",
-                    help=f"run only these sections (of {', '.join(SECTIONS)}); all by default")
+    ap.add_argument("--quick", action="store_true", help="fewer calls (noisier)")
+    ap.add_argument("--only", nargs="+", choices=sections, default=sections, metavar="SECTION",
+                    help=f"run only these sections (of {', '.join(sections)})")
     args = ap.parse_args()
-    global DATAPLANE
-    DATAPLANE = args.dataplane
-    if DATAPLANE == "compiled":
-        subprocess.run(["bash", str(ROOT / "scripts" / "build_dataplane.sh")], check=True, stdout=subprocess.DEVNULL)
-    compiled = None
-    if args.compiled:  # built first: a build is not timed with the workloads
-        compiled = subprocess.run(["bash", str(ROOT / "scripts" / "build_compiled_relay.sh")], check=True,
-                                  stdout=subprocess.PIPE, text=True).stdout.strip()
     run = "bench" + uuid.uuid4().hex[:8]
-    print(f"bench_shim: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}, python {sys.version.split()[0]}, "
-          f"the shim's data plane: {DATAPLANE} (its CPU and RSS: the shim's process and its child summed)")
+    print(f"bench_shim: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}, python {sys.version.split()[0]}; "
+          f"bytecode compiled for {precompile()} more modules the shim loads")
     try:
-        if "latency" in args.only:
-            bench_latency(args, run, compiled)
-        rss = bench_cpu(args, run) if "cpu" in args.only else None
-        if "pacer" in args.only:
-            bench_pacer(args, run)
-        if "process" in args.only:
-            bench_process(args, run, rss)
+        with (simulator_process(PACED) as paced, simulator_process(SimulatorConfig(api_key=KEY, rpm=0, itpm=0,
+                                                                                   otpm=0)) as instant,
+              litellm_process(paced, instant) as (litellm, master, litellm_proc, litellm_ready)):
+            print(f"  LiteLLM proxy ready in {litellm_ready:.1f} s (pid {litellm_proc.pid})")
+            if "latency" in args.only:
+                print(f"1. added latency (simulator: {PACED.ttft_ms:.0f} ms to first token, "
+                      f"{PACED.tokens_per_s:.0f} tokens/s, {BODY['max_tokens']} tokens)")
+                with shim_process(paced, args.valkey, run) as (via, shim_proc, _):
+                    ways = [("direct", paced, KEY, MODEL, None), ("shim", via, TOKEN, MODEL, shim_proc.pid),
+                            ("litellm", litellm, master, MODEL, litellm_proc.pid)]
+                    for conc, rounds in ((1, 10 if args.quick else 100), (16, 2 if args.quick else 8)):
+                        print("   c=1: one caller per way, the ways taking turns, 100 calls each" if conc == 1 else
+                              f"   c={conc}: {rounds} rounds, in each the ways in turn, each under {conc} callers "
+                              f"of its own making 2 calls back to back ({rounds * conc * 2} calls each way)")
+                        busy = MachineBusy()
+                        res = asyncio.run(latency(ways, conc, rounds))
+                        print(f"    the machine's CPUs were {busy.share():.0%} busy meanwhile (load "
+                              f"{os.getloadavg()[0]:.2f})")
+                        report_latency(res, conc)
+            if "cpu" in args.only or "process" in args.only:
+                n = 400 if args.quick else 2000
+                print(f"2. CPU per call (instant simulator, concurrency 16, half streams, {n} calls; the shim sends "
+                      "its ledger rows to a results queue, SQS in moto's server mode)")
+                with (results_queue() as (queue_url, aws_env),
+                      shim_process(instant, args.valkey, run, env_over=aws_env, results_queue_url=queue_url)
+                      as (via, proc, _)):
+                    shim_way = ("shim", via, TOKEN, MODEL, proc.pid)
+                    litellm_way = ("litellm", litellm, master, INSTANT, litellm_proc.pid)
+                    asyncio.run(drive(shim_way, 100, 16))  # warm-up
+                    pers = []
+                    for _ in range(3):
+                        per, rate = cpu_per_call(shim_way, proc.pid, n)
+                        pers.append(per)
+                        print(f"    shim: {per:.3f} ms CPU per call ({rate:.0f} calls/s)")
+                    ll_per, ll_rate = cpu_per_call(litellm_way, litellm_proc.pid, n // 4)
+                    print(f"    litellm, on {n // 4} of the same calls: {ll_per:.3f} ms CPU per call ({ll_rate:.0f} "
+                          f"calls/s)")
+                    verdict("shim CPU per call (median of 3 rounds)", f"{statistics.median(pers):.3f} ms "
+                            f"(litellm {ll_per:.3f} ms)", statistics.median(pers) <= 1.0)
+                    rss = rss_mb(proc.pid)
+                verdict("shim RSS after the CPU run (results queue client loaded)",
+                        f"{rss:.1f} MB (litellm {rss_mb(litellm_proc.pid):.1f} MB)", rss <= 120)
+                readies = []
+                for _ in range(3):
+                    with shim_process("http://127.0.0.1:9", args.valkey, run) as (_, _, ready):
+                        readies.append(ready)
+                verdict("shim exec to ready (median of 3)", f"{statistics.median(readies) * 1000:.0f} ms "
+                        f"(litellm {litellm_ready * 1000:.0f} ms)", statistics.median(readies) <= 1.5)
     finally:
-        cleanup(args.valkey, run)
+        r = redis.Redis.from_url(args.valkey)
+        found = list(r.scan_iter(match=f"*{run}*", count=1000))
+        if found:
+            r.delete(*found)
+        r.close()
     missed = [n for n, _, ok in RESULTS if not ok]
-    print(f"summary: {len(RESULTS) - len(missed)} PASS, {len(missed)} MISS"
-          + (f" ({'; '.join(missed)})" if missed else ""))
+    print(f"summary: {len(RESULTS) - len(missed)} PASS, {len(missed)} MISS" + (f" ({'; '.join(missed)})" if missed else ""))
     return 0
 
 

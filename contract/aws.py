@@ -1,8 +1,7 @@
 """AWS clients for S3 and SQS, honouring AWS_ENDPOINT_URL (moto's server mode locally, in-VPC endpoints on AWS).
 
-One set of settings (endpoint, region, retries) for every process that uses boto3 (`client`). The shim, in every
-task, does not: it sends its ledger batches with its own stdlib SQS sender (shim/sqs.py), which reads the same
-endpoint and region variables."""
+One set of settings (endpoint, region, retries) for every process that uses boto3 (`client`); the shim's ledger
+sender (shim/ledger.py) makes its client in its own thread from the same endpoint and region variables."""
 
 from __future__ import annotations
 

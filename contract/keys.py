@@ -1,6 +1,6 @@
 """Valkey key names, in one place. Curly-brace hash tags keep one run's (or pool's) keys on one shard.
 
-Imports nothing at run time: the shim uses it, and contract.models (pydantic) would cost it ~13 MB and ~0.1 s.
+Imports nothing at run time: every process that touches Valkey reads its names from here.
 """
 
 from __future__ import annotations

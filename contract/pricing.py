@@ -26,7 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # the shim imports this module without pydantic; any object with these attributes will do
+if TYPE_CHECKING:  # any object with these attributes will do
     from contract.models import Usage
 
 PRICE_FILE_ENV = "EVALPLANE_PRICE_FILE"

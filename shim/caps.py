@@ -1,9 +1,9 @@
-"""Dollar caps as holds: reserve a call's worst-case cost against the attempt and run caps atomically
-before it goes upstream, settle to the actual cost after. Amounts are integer micro-dollars.
+"""Dollar caps as holds: a call's worst-case cost is reserved against the attempt's and the run's caps
+atomically before it goes upstream, and settled to the actual cost after. Amounts are integer micro-dollars.
 
 Valkey layout (all keys share the run's hash tag, so one script touches one shard):
   contract.keys.attempt_budget(ref) / run_budget(run): hash {spent, held, cap, hold:<call_id> -> amount}
-  <same key>:exp: zset call_id -> hold deadline (ms); expired holds are swept by the next hold.
+  <same key>:exp: zset call_id -> hold deadline (ms); expired holds are swept by the next hold that needs room.
 """
 
 from __future__ import annotations
@@ -13,20 +13,16 @@ import time
 from typing import Protocol
 
 from contract import keys
-from shim.kv import Script, as_kv
 
 KEY_TTL_S = 14 * 24 * 3600
+ATTEMPT_CAP, RUN_CAP = 1, 2
 
-# ep_hold(...) -> 0 if held, else which cap refused it (1 attempt, 2 run); `now` in integer ms; `rroom` (or nil):
-# the run's total (spent + held) this hold must stay within, below the cap (a ticket: shim/gate.py).
-# KEYS of the caller: attempt hash, its :exp zset, run hash, its :exp zset.
-# Expired holds (calls that never settled) are swept only when they could matter: before a hold is refused.
-# The hashes get their TTL when created here and have it refreshed by every settle (off the call's path).
+# ep_hold(...) -> 0 if held, else which cap refused it (1 attempt, 2 run); `now` in integer ms.
+# The hashes get their TTL when created here and have it refreshed by every settle.
 HOLD_FN = """
-local function ep_hold(ka, kae, kr, kre, id, est, acap, rcap, ttl_ms, key_ttl, now, rroom)
+local function ep_hold(ka, kae, kr, kre, id, est, acap, rcap, ttl_ms, key_ttl, now)
   local function sweep(h, z)
-    local expired = redis.call('ZRANGEBYSCORE', z, '-inf', now)
-    for _, eid in ipairs(expired) do
+    for _, eid in ipairs(redis.call('ZRANGEBYSCORE', z, '-inf', now)) do
       local amt = redis.call('HGET', h, 'hold:' .. eid)
       if amt then
         redis.call('HINCRBY', h, 'held', -tonumber(amt))
@@ -38,53 +34,34 @@ local function ep_hold(ka, kae, kr, kre, id, est, acap, rcap, ttl_ms, key_ttl, n
   local function fits(x, cap)
     return cap < 0 or tonumber(x[1] or '0') + tonumber(x[2] or '0') + est <= cap
   end
-  local rlim = rcap
-  if rroom and rcap >= 0 and rroom < rcap then rlim = rroom end
   local a = redis.call('HMGET', ka, 'spent', 'held', 'cap')
   local r = redis.call('HMGET', kr, 'spent', 'held', 'cap')
-  if not (fits(a, acap) and fits(r, rlim)) then
+  if not (fits(a, acap) and fits(r, rcap)) then
     sweep(ka, kae)
     sweep(kr, kre)
     a = redis.call('HMGET', ka, 'spent', 'held', 'cap')
     r = redis.call('HMGET', kr, 'spent', 'held', 'cap')
     if not fits(a, acap) then return 1 end
-    if not fits(r, rlim) then return 2 end
+    if not fits(r, rcap) then return 2 end
   end
-  local deadline = now + ttl_ms
   local hs, zs, xs, caps = {ka, kr}, {kae, kre}, {a, r}, {acap, rcap}
   for i = 1, 2 do
     local x = xs[i]
     redis.call('HINCRBY', hs[i], 'held', est)
-    if caps[i] >= 0 and tonumber(x[3] or '-1') ~= caps[i] then
-      redis.call('HSET', hs[i], 'hold:' .. id, est, 'cap', caps[i])
-    else
-      redis.call('HSET', hs[i], 'hold:' .. id, est)
-    end
+    redis.call('HSET', hs[i], 'hold:' .. id, est)
+    if caps[i] >= 0 and tonumber(x[3] or '-1') ~= caps[i] then redis.call('HSET', hs[i], 'cap', caps[i]) end
     if not x[1] and not x[2] and not x[3] then redis.call('EXPIRE', hs[i], key_ttl) end
-    redis.call('ZADD', zs[i], deadline, id)
+    redis.call('ZADD', zs[i], now + ttl_ms, id)
     redis.call('EXPIRE', zs[i], key_ttl)
   end
   return 0
 end
 """
 
-# KEYS = [attempt, attempt:exp, run, run:exp]; ARGV = [call_id, est, acap, rcap, ttl_ms, key_ttl_s]
-HOLD_LUA = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-""" + HOLD_FN + """
-local which = ep_hold(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]),
-                      tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], now, nil)
-if which == 0 then return {1, 0} end
-return {0, which}
-"""
-
-# ep_settle(...): the hold `id` released and `actual` charged, on the attempt and the run; `key_ttl` (or nil)
-# refreshes the hashes' TTLs. -> {attempt's spent, run's spent}. KEYS of the caller: as ep_hold's.
+# ep_settle(...): the hold `id` released and `actual` charged, on the attempt and on the run; TTLs refreshed.
 SETTLE_FN = """
 local function ep_settle(ka, kae, kr, kre, id, actual, key_ttl)
   local hs, zs = {ka, kr}, {kae, kre}
-  local out = {}
   for i = 1, 2 do
     local amt = redis.call('HGET', hs[i], 'hold:' .. id)
     if amt then
@@ -92,20 +69,27 @@ local function ep_settle(ka, kae, kr, kre, id, actual, key_ttl)
       redis.call('HDEL', hs[i], 'hold:' .. id)
     end
     redis.call('ZREM', zs[i], id)
-    out[i] = redis.call('HINCRBY', hs[i], 'spent', actual)
-    if key_ttl then redis.call('EXPIRE', hs[i], key_ttl) end
+    redis.call('HINCRBY', hs[i], 'spent', actual)
+    redis.call('EXPIRE', hs[i], key_ttl)
   end
-  return out
 end
 """
 
-# KEYS = [attempt, attempt:exp, run, run:exp]; ARGV = [call_id, actual, key_ttl_s (optional: refresh TTLs)]
-SETTLE_LUA = SETTLE_FN + """
-return ep_settle(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], tonumber(ARGV[2]), ARGV[3])
+NOW_MS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 """
 
-ATTEMPT_CAP, RUN_CAP = 1, 2
-HOLD_SCRIPT, SETTLE_SCRIPT = Script(HOLD_LUA), Script(SETTLE_LUA)
+# KEYS = [attempt, attempt:exp, run, run:exp]; ARGV = [call_id, est, acap, rcap, ttl_ms, key_ttl_s]
+HOLD_LUA = NOW_MS + HOLD_FN + """
+return ep_hold(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]),
+               tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], math.floor(now))
+"""
+# KEYS as HOLD's; ARGV = [call_id, actual, key_ttl_s]
+SETTLE_LUA = SETTLE_FN + """
+ep_settle(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], tonumber(ARGV[2]), ARGV[3])
+return 1
+"""
 
 
 def micro(usd: float) -> int:
@@ -125,33 +109,27 @@ class Budget(Protocol):
 
 
 class ValkeyBudget:
-    def __init__(self, redis, ref, attempt_cap_usd: float | None, run_cap_usd: float | None,
-                 hold_ttl_s: float):
+    def __init__(self, redis, ref, attempt_cap_usd: float | None, run_cap_usd: float | None, hold_ttl_s: float):
         a, r = keys.attempt_budget(ref), keys.run_budget(ref.run)
         self.keys = [a, a + ":exp", r, r + ":exp"]
         self.acap, self.rcap = cap_micro(attempt_cap_usd), cap_micro(run_cap_usd)
         self.ttl_ms = int(hold_ttl_s * 1000)
-        self.kv = as_kv(redis)  # a redis-py client is wrapped
-        self._hold = self.kv.register(HOLD_SCRIPT)
-        self._settle = self.kv.register(SETTLE_SCRIPT)
+        self._hold = redis.register_script(HOLD_LUA)
+        self._settle = redis.register_script(SETTLE_LUA)
 
     def hold_args(self, call_id: str, est_micro: int) -> list:
-        """HOLD's ARGV (also the first six ARGV of the gate's HOLD+ADMIT script)."""
+        """HOLD's ARGV (also the first six of the HOLD+ADMIT script's: shim/admission.py)."""
         return [call_id, est_micro, self.acap, self.rcap, self.ttl_ms, KEY_TTL_S]
 
     async def hold(self, call_id: str, est_micro: int) -> int:
-        ok, which = await self.kv.script(self._hold, self.keys, self.hold_args(call_id, est_micro))
-        return 0 if int(ok) == 1 else int(which)
-
-    def settle_cmd(self, call_id: str, actual_micro: int) -> tuple:
-        return self._settle.cmd(self.keys, [call_id, actual_micro, KEY_TTL_S])
+        return int(await self._hold(keys=self.keys, args=self.hold_args(call_id, est_micro)))
 
     async def settle(self, call_id: str, actual_micro: int) -> None:
-        await self.kv.script(self._settle, self.keys, [call_id, actual_micro, KEY_TTL_S])
+        await self._settle(keys=self.keys, args=[call_id, actual_micro, KEY_TTL_S])
 
 
 class LocalBudget:
-    """Same semantics in process (no Valkey configured): the run cap then only covers this attempt."""
+    """The same rules in process (no Valkey configured): the run cap then only covers this attempt."""
 
     def __init__(self, attempt_cap_usd: float | None, run_cap_usd: float | None, hold_ttl_s: float):
         self.acap, self.rcap = cap_micro(attempt_cap_usd), cap_micro(run_cap_usd)

@@ -31,17 +31,12 @@ THROTTLE KEYS = [pacer, limits, discovered]; ARGV = [retry_after_ms, burst_ms, d
 from __future__ import annotations
 
 import asyncio
-import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from contract import keys
-from shim.kv import Script, as_kv
-
-log = logging.getLogger("shim.pacer")
-
-DIMENSIONS = ("rpm", "itpm", "otpm")
 
 # ep_admit(...) -> {admitted 0/1, wait_ms}; `now` in ms (float). KEYS of the caller: pacer hash, limits hash.
 ADMIT_FN = """
@@ -167,15 +162,19 @@ return redis.call('HINCRBY', KEYS[3], ARGV[4], 1)
 
 @dataclass(slots=True)
 class PaceRequest:
-    """What one upstream attempt reserves: 1 request, its uncached input estimate, max_tokens of output."""
+    """What one upstream attempt reserves: 1 request, its input estimate, max_tokens of output."""
 
     pool: str
-    est_input_tokens: int  # what counts toward the pool's input limit (see Shim: provider rules)
+    est_input_tokens: int  # what counts toward the pool's input limit (see Shim._limit_input)
     max_output_tokens: int
 
 
+class PastDeadline(Exception):
+    """Waiting for the pool would take the call past the attempt's wall time."""
+
+
 class Pacer(Protocol):
-    async def admit(self, req: PaceRequest) -> float:
+    async def admit(self, req: PaceRequest, deadline: float | None = None) -> float:
         """Wait until the pool can take the attempt; return the time waited in ms."""
 
     async def settle(self, req: PaceRequest, actual_input: int | None, actual_output: int | None) -> None:
@@ -186,7 +185,7 @@ class Pacer(Protocol):
 
 
 class NoopPacer:
-    async def admit(self, req: PaceRequest) -> float:
+    async def admit(self, req: PaceRequest, deadline: float | None = None) -> float:
         return 0.0
 
     async def settle(self, req: PaceRequest, actual_input: int | None, actual_output: int | None) -> None:
@@ -197,7 +196,7 @@ class NoopPacer:
 
 
 class ValkeyPacer:
-    """GCRA in Valkey (see the module docstring); redis-py Script objects EVALSHA and reload on NOSCRIPT."""
+    """GCRA in Valkey (see the module docstring), through redis-py's registered scripts (reloaded on NOSCRIPT)."""
 
     def __init__(self, redis, pool: str, burst_s: float = 60.0, max_wait_s: float = 60.0,
                  default_retry_after_s: float = 1.0, max_retry_after_s: float = 60.0):
@@ -207,64 +206,59 @@ class ValkeyPacer:
         self.max_wait_ms = max_wait_s * 1000.0
         self.default_ra_ms = default_retry_after_s * 1000.0
         self.max_ra_ms = max_retry_after_s * 1000.0
-        self.kv = as_kv(redis)  # a redis-py client is wrapped
-        self._admit = self.kv.register(ADMIT_SCRIPT)
-        self._settle = self.kv.register(SETTLE_SCRIPT)
-        self._throttle = self.kv.register(THROTTLE_SCRIPT)
+        self._admit = redis.register_script(ADMIT_LUA)
+        self._settle = redis.register_script(SETTLE_LUA)
+        self._throttle = redis.register_script(THROTTLE_LUA)
 
     def admit_args(self, req: PaceRequest) -> list:
-        """ADMIT's ARGV (also the last five ARGV of the gate's HOLD+ADMIT script)."""
+        """ADMIT's ARGV (also the last five of the HOLD+ADMIT script's: shim/admission.py)."""
         return [self.burst_ms, self.max_wait_ms, 1, max(req.est_input_tokens, 0), max(req.max_output_tokens, 0)]
 
-    async def admit(self, req: PaceRequest) -> float:
-        args = self.admit_args(req)
-        ok, wait_ms = await self.kv.script(self._admit, self.keys, args)
-        return await self.admitted(req, int(ok) == 1, float(wait_ms))
+    async def admit(self, req: PaceRequest, deadline: float | None = None) -> float:
+        ok, wait_ms = await self._admit(keys=self.keys, args=self.admit_args(req))
+        return await self.admitted(req, int(ok) == 1, float(wait_ms), deadline)
 
-    async def admitted(self, req: PaceRequest, ok: bool, wait_ms: float, waited: float = 0.0) -> float:
+    async def admitted(self, req: PaceRequest, ok: bool, wait_ms: float, deadline: float | None = None) -> float:
         """Act on an ADMIT answer: sleep once for a booked wait; when too far ahead to book, sleep until it
-        would fit in max_wait, then ask again (rare; no polling storm). Returns the total ms waited."""
-        args = None
-        while True:
-            if ok:
-                if wait_ms > 0:
-                    await asyncio.sleep(wait_ms / 1000.0)
-                return waited + max(wait_ms, 0.0)
+        would fit in max_wait, then ask again (rare; no polling storm). Returns the total ms waited.
+        PastDeadline (nothing left booked) if the wait would pass `deadline` (time.monotonic())."""
+        waited = 0.0
+        while not ok:
+            if deadline is not None and time.monotonic() + wait_ms / 1000.0 > deadline:
+                raise PastDeadline(waited + wait_ms)
             nap = max(wait_ms - self.max_wait_ms, 1.0)
             await asyncio.sleep(nap / 1000.0)
             waited += nap
-            args = args or self.admit_args(req)
-            ok, wait_ms = await self.kv.script(self._admit, self.keys, args)
+            ok, wait_ms = await self._admit(keys=self.keys, args=self.admit_args(req))
             ok, wait_ms = int(ok) == 1, float(wait_ms)
+        if wait_ms > 0:
+            if deadline is not None and time.monotonic() + wait_ms / 1000.0 > deadline:
+                await self.cancel(req)
+                raise PastDeadline(waited + wait_ms)
+            await asyncio.sleep(wait_ms / 1000.0)
+        return waited + max(wait_ms, 0.0)
 
     @staticmethod
-    def settle_args(req: PaceRequest, actual_input: int | None, actual_output: int | None) -> list[int] | None:
-        """SETTLE's ARGV (actual - reserved), or None when there is nothing to reconcile."""
+    def settle_args(req: PaceRequest, actual_input: int | None, actual_output: int | None) -> list[int]:
+        """SETTLE's ARGV: actual - reserved (0: nothing to reconcile)."""
         d_in = 0 if actual_input is None else actual_input - req.est_input_tokens
         d_out = 0 if actual_output is None else actual_output - req.max_output_tokens
-        return [d_in, d_out] if d_in or d_out else None
-
-    def cancel_cmd(self, req: PaceRequest) -> tuple:
-        """Give a booking that was never used back to the pool: its request and both token estimates."""
-        return self._settle.cmd(self.keys, [-req.est_input_tokens, -req.max_output_tokens, -1])
-
-    def settle_cmd(self, req: PaceRequest, actual_input: int | None, actual_output: int | None) -> tuple | None:
-        args = self.settle_args(req, actual_input, actual_output)
-        return self._settle.cmd(self.keys, args) if args else None
+        return [d_in, d_out]
 
     async def settle(self, req: PaceRequest, actual_input: int | None, actual_output: int | None) -> None:
         args = self.settle_args(req, actual_input, actual_output)
-        if args:
-            await self.kv.script(self._settle, self.keys, args)
+        if any(args):
+            await self._settle(keys=self.keys, args=args)
+
+    async def cancel(self, req: PaceRequest) -> None:
+        """Give a booking that will not be used back to the pool: its request and both token estimates."""
+        await self._settle(keys=self.keys, args=[-req.est_input_tokens, -req.max_output_tokens, -1])
 
     async def throttled(self, req: PaceRequest, retry_after_s: float | None, dimension: str | None) -> None:
         ra_ms = self.default_ra_ms if retry_after_s is None else retry_after_s * 1000.0
-        ra_ms = min(ra_ms, self.max_ra_ms)
-        await self.kv.script(self._throttle, self.throttle_keys,
-                             [ra_ms, self.burst_ms, dimension or "", keys.THROTTLED_FIELD])
+        await self._throttle(keys=self.throttle_keys,
+                             args=[min(ra_ms, self.max_ra_ms), self.burst_ms, dimension or "", keys.THROTTLED_FIELD])
 
-
-ADMIT_SCRIPT, SETTLE_SCRIPT, THROTTLE_SCRIPT = Script(ADMIT_LUA), Script(SETTLE_LUA), Script(THROTTLE_LUA)
 
 _DIM_HEADERS = (
     ("anthropic-ratelimit-requests-remaining", "rpm"),

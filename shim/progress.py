@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from contract import keys
-from shim.kv import as_kv
 
 log = logging.getLogger("shim.progress")
 
@@ -32,47 +32,34 @@ def rate_limit_headers(headers: Mapping[str, str]) -> dict[str, str]:
 
 class Progress:
     def __init__(self, redis, ref, pool: str):
-        self.redis = None if redis is None else as_kv(redis)
+        self.redis = redis
         self.key = keys.progress(ref)
         self.discovered_key = keys.pool_discovered(pool)
         self._last_discovery = 0.0
         self._warned = False
 
-    async def publish(self, fields: Mapping[str, object]) -> None:
+    async def publish(self, fields: Mapping[str, Any]) -> None:
         if self.redis is None:
             return
         try:
-            replies = await self.redis.pipeline(self.cmds(fields), transaction=True)  # hash and TTL together
-            for r in replies:
-                if isinstance(r, Exception):
-                    raise r
+            async with self.redis.pipeline(transaction=True) as pipe:  # the hash and its TTL together
+                mapping = {k: "" if v is None else v for k, v in fields.items()}
+                await pipe.hset(self.key, mapping=mapping).expire(self.key, keys.PROGRESS_TTL_S).execute()
             self._warned = False
         except Exception as e:  # noqa: BLE001 - progress is best effort; the ledger is the record
             if not self._warned:
                 log.warning("progress update failed: %s", type(e).__name__)
                 self._warned = True
 
-    def cmds(self, fields: Mapping[str, object]) -> list[tuple]:
-        """The progress update as commands, for a pipeline the caller executes (one round trip with the settles)."""
-        key, ttl, flat = self.update(fields)
-        return [("HSET", key, *flat), ("EXPIRE", key, ttl)]
-
-    def update(self, fields: Mapping[str, object]) -> tuple[str, int, list]:
-        """The progress update as (key, TTL s, flat field/value list): for the gate's after-call script."""
-        flat: list[object] = []
-        for k, v in fields.items():
-            flat += (k, "" if v is None else v)
-        return self.key, keys.PROGRESS_TTL_S, flat
-
     def discovered(self, source, force: bool = False) -> dict[str, str] | None:
         """The rate-limit headers to record now (at most once a minute, or on a 429), or None. `source`: the
-        headers, or what has them as `.headers` (a shim.http.Response, whose headers are parsed only if due)."""
+        headers, or what has them as `.headers` (read only when due)."""
         if self.redis is None:
             return None
         now = time.monotonic()
         if not force and now - self._last_discovery < DISCOVERY_EVERY_S:
             return None
-        self._last_discovery = now  # also when there are none (a gateway that sends none is not asked every call)
+        self._last_discovery = now  # also when there are none: a gateway that sends none is not asked every call
         found = rate_limit_headers(source if isinstance(source, Mapping) else source.headers)
         if not found:
             return None
@@ -80,15 +67,7 @@ class Progress:
         return found
 
     async def record(self, found: Mapping[str, str]) -> None:
-        flat: list[str] = []
-        for k, v in found.items():
-            flat += (k, v)
         try:
-            await self.redis.execute("HSET", self.discovered_key, *flat)
+            await self.redis.hset(self.discovered_key, mapping=dict(found))
         except Exception as e:  # noqa: BLE001 - discovery is best effort
             log.warning("limit discovery write failed: %s", type(e).__name__)
-
-    async def discover(self, headers: Mapping[str, str], force: bool = False) -> None:
-        found = self.discovered(headers, force)
-        if found:
-            await self.record(found)

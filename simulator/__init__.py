@@ -1,4 +1,5 @@
-"""A provider simulator: OpenAI and Anthropic wire formats, usage, rate limits, faults and pace."""
+"""A provider simulator: OpenAI (chat completions, Responses) and Anthropic wire formats, usage, rate limits,
+faults and pace."""
 
 from simulator.app import make_app
 from simulator.config import SimulatorConfig

@@ -1,4 +1,4 @@
-"""The aiohttp application: one request flow shared by both provider routes, plus /_sim endpoints.
+"""The aiohttp application: one request flow shared by the three wire formats, plus /_sim endpoints.
 
 Flow: authenticate -> parse -> injected fault -> rate limits -> policy reply -> (paced) answer.
 All state lives on the event loop thread, so no locks are needed.
@@ -22,6 +22,7 @@ from simulator.tokens import Billing, PromptCache
 from simulator.wire import BadRequest, Call, Frame, Wire
 from simulator.wire_anthropic import AnthropicWire
 from simulator.wire_openai import OpenAIWire
+from simulator.wire_responses import ResponsesWire
 
 
 @dataclass
@@ -43,7 +44,7 @@ STATE = web.AppKey("state", State)
 
 
 def make_app(config: SimulatorConfig) -> web.Application:
-    wires: list[Wire] = [OpenAIWire(), AnthropicWire()]
+    wires: list[Wire] = [OpenAIWire(), ResponsesWire(), AnthropicWire()]
     app = web.Application()
     app[STATE] = State(
         config=config,
@@ -52,9 +53,11 @@ def make_app(config: SimulatorConfig) -> web.Application:
         limiter=RateLimiter({w.route: w.limits(config) for w in wires}),
         cache=PromptCache(config.cache_prompts),
     )
-    openai, anthropic = (_handler(w) for w in wires)
+    openai, responses, anthropic = (_handler(w) for w in wires)
     app.router.add_post("/v1/chat/completions", openai)
     app.router.add_post("/chat/completions", openai)
+    app.router.add_post("/v1/responses", responses)
+    app.router.add_post("/responses", responses)
     app.router.add_post("/v1/messages", anthropic)
     app.router.add_get("/_sim/health", _health)
     app.router.add_get("/_sim/stats", _stats)

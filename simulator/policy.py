@@ -1,9 +1,10 @@
 """What the simulated model says: a fixed text (`echo`), or the demo script replaying a patch.
 
-The demo policy drives mini-swe-agent through its bash tool-call format: look around, apply the
-patch with a heredoc (no temp files, since several agents share a host), then submit with
-`echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git diff`, whose output mini-swe-agent takes as the
-submission. A run therefore measures the plumbing, not a model.
+The demo policy drives a harness through its shell tool (the one the request offers: mini-swe-agent's
+`bash`, Codex CLI's `exec_command`, ...): look around, apply the patch with a heredoc (no temp files,
+since several agents share a host), then submit with `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git
+diff`, whose output mini-swe-agent takes as the submission. A run therefore measures the plumbing, not a
+model.
 """
 
 from __future__ import annotations
@@ -37,15 +38,12 @@ class Conversation:
 @dataclass(frozen=True)
 class Reply:
     text: str
-    command: str | None = None  # one bash tool call, if any
-
-    @property
-    def arguments(self) -> str:
-        return json.dumps({"command": self.command}) if self.command is not None else ""
+    command: str | None = None  # one shell tool call, if any (to the tool the request offers: simulator/wire.py)
 
     @property
     def output_tokens(self) -> int:
-        return max(1, math.ceil((len(self.text) + len(self.arguments)) / 4))
+        arguments = json.dumps({"command": self.command}) if self.command is not None else ""
+        return max(1, math.ceil((len(self.text) + len(arguments)) / 4))
 
 
 class Policy(Protocol):

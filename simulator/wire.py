@@ -21,6 +21,52 @@ class BadRequest(Exception):
 
 
 @dataclass(frozen=True)
+class Tool:
+    """The tool a reply's command goes to: its name and the argument that carries the command (a string, or an
+    argv run as `bash -lc COMMAND`)."""
+
+    name: str = "bash"
+    arg: str = "command"
+    argv: bool = False
+
+    def input(self, command: str) -> dict[str, Any]:
+        return {self.arg: ["bash", "-lc", command] if self.argv else command}
+
+    def arguments(self, command: str) -> str:
+        return json.dumps(self.input(command))
+
+
+_COMMAND_ARGS = ("command", "cmd")
+_PREFERENCES = (  # a tool taking the command as a string, else as an argv, else any string argument
+    lambda arg, spec: arg in _COMMAND_ARGS and spec.get("type") == "string",
+    lambda arg, spec: arg in _COMMAND_ARGS and spec.get("type") == "array",
+    lambda arg, spec: spec.get("type") == "string",
+)
+
+
+def tools(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The request's `tools` that are objects."""
+    offered = body.get("tools")
+    return [t for t in offered if isinstance(t, dict)] if isinstance(offered, list) else []
+
+
+def pick_tool(offered: list[tuple[Any, Any]]) -> Tool:
+    """The tool for shell commands among the offered (name, JSON schema of its parameters) pairs, read from the
+    request (mini-swe-agent's `bash` with `command`, Codex CLI's `exec_command` with `cmd`, ...); `bash` with
+    `command` when none is offered."""
+    found = []
+    for name, params in offered:
+        props = params.get("properties") if isinstance(params, dict) else None
+        if isinstance(name, str) and isinstance(props, dict):
+            found += [(name, arg, spec) for arg, spec in props.items() if isinstance(spec, dict)]
+    for wanted in _PREFERENCES:
+        for name, arg, spec in found:
+            if wanted(arg, spec):
+                return Tool(name, arg, spec.get("type") == "array")
+    return Tool()
+
+
+@dataclass(frozen=True)
 class Call:
     model: str
     stream: bool
@@ -28,6 +74,7 @@ class Call:
     max_tokens: int | None
     prompt: Prompt
     conversation: Conversation
+    tool: Tool = Tool()
 
 
 @dataclass(frozen=True)
@@ -66,7 +113,9 @@ def text_of(content: Any) -> str:
         return content
     if isinstance(content, list):
         return "\n".join(
-            b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text"
+            b.get("text", "")
+            for b in content
+            if isinstance(b, dict) and b.get("type") in ("text", "input_text", "output_text")
         )
     return ""
 

@@ -14,11 +14,13 @@ from simulator.wire import (
     Frame,
     conversation_of,
     new_id,
+    pick_tool,
     piece_tokens,
     pieces,
     require,
     retry_after,
     sse,
+    tools,
 )
 
 HEADER_PREFIX = {"requests": "requests", "input_tokens": "input-tokens", "output_tokens": "output-tokens"}
@@ -84,6 +86,7 @@ class AnthropicWire:
             max_tokens=max_tokens,
             prompt=Prompt.of(preamble or None, messages),
             conversation=conversation_of(messages),
+            tool=pick_tool([(t.get("name"), t.get("input_schema")) for t in tools(body)]),
         )
 
     def costs(self, call: Call, billing: Billing) -> dict[str, float]:
@@ -135,8 +138,8 @@ class AnthropicWire:
                 {
                     "type": "tool_use",
                     "id": new_id("toolu_"),
-                    "name": "bash",
-                    "input": {"command": reply.command},
+                    "name": call.tool.name,
+                    "input": call.tool.input(reply.command),
                 }
             )
         return {
@@ -176,7 +179,7 @@ class AnthropicWire:
         frames += [self._delta(0, {"type": "text_delta", "text": p}, p) for p in pieces(reply.text)]
         frames.append(self._stop_block(0))
         if reply.command is not None:
-            block = {"type": "tool_use", "id": new_id("toolu_"), "name": "bash", "input": {}}
+            block = {"type": "tool_use", "id": new_id("toolu_"), "name": call.tool.name, "input": {}}
             frames.append(
                 Frame(
                     sse(
@@ -187,7 +190,7 @@ class AnthropicWire:
             )
             frames += [
                 self._delta(1, {"type": "input_json_delta", "partial_json": p}, p)
-                for p in pieces(reply.arguments)
+                for p in pieces(call.tool.arguments(reply.command))
             ]
             frames.append(self._stop_block(1))
         delta = {

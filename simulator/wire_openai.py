@@ -15,11 +15,13 @@ from simulator.wire import (
     Frame,
     conversation_of,
     new_id,
+    pick_tool,
     piece_tokens,
     pieces,
     require,
     retry_after,
     sse,
+    tools,
 )
 
 
@@ -86,6 +88,8 @@ class OpenAIWire:
             max_tokens=max_tokens if isinstance(max_tokens, int) else None,
             prompt=Prompt.of({"tools": body.get("tools")} if body.get("tools") else None, messages),
             conversation=conversation_of(messages),
+            tool=pick_tool([(f.get("name"), f.get("parameters")) for f in (t.get("function") for t in tools(body))
+                            if isinstance(f, dict)]),
         )
 
     def costs(self, call: Call, billing: Billing) -> dict[str, float]:
@@ -129,7 +133,7 @@ class OpenAIWire:
                 {
                     "id": new_id("call_"),
                     "type": "function",
-                    "function": {"name": "bash", "arguments": reply.arguments},
+                    "function": {"name": call.tool.name, "arguments": call.tool.arguments(reply.command)},
                 }
             ]
         return {
@@ -163,12 +167,12 @@ class OpenAIWire:
                 "index": 0,
                 "id": new_id("call_"),
                 "type": "function",
-                "function": {"name": "bash", "arguments": ""},
+                "function": {"name": call.tool.name, "arguments": ""},
             }
             frames.append(chunk({"tool_calls": [start]}))
             frames += [
                 chunk({"tool_calls": [{"index": 0, "function": {"arguments": p}}]}, tokens=piece_tokens(p))
-                for p in pieces(reply.arguments)
+                for p in pieces(call.tool.arguments(reply.command))
             ]
         frames.append(chunk({}, _finish(reply)))
         if call.include_usage:

@@ -1,6 +1,6 @@
 # Sourced by the scripts that install Debian packages. `apt_install PKG...` waits for another apt/dpkg run to
 # finish instead of failing on its lock: ours (scripts run side by side, e.g. docker.sh up beside
-# build_dataplane.sh) queue on one flock; anyone else's, through apt's own lock timeout (DPkg::Lock::Timeout, which
+# registry.sh) queue on one flock; anyone else's, through apt's own lock timeout (DPkg::Lock::Timeout, which
 # `apt-get update`'s lists lock does not honour on every apt: hence the flock, and a retry of the update).
 _apt_sudo=""; [ "$(id -u)" -eq 0 ] || _apt_sudo=sudo
 apt_install() {

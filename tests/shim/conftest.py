@@ -43,10 +43,6 @@ def sim():
         yield start
 
 
-# EVALPLANE_SHIM_DATAPLANE=python runs every shim test with the Python shim alone (default: ShimConfig's, compiled)
-DATAPLANE = {"dataplane": os.environ["EVALPLANE_SHIM_DATAPLANE"]} if os.environ.get("EVALPLANE_SHIM_DATAPLANE") else {}
-
-
 @pytest.fixture
 def shim(tmp_path, valkey_url, unique):
     """start(upstream_url, **ShimConfig overrides) -> ShimProc (a `python -m shim` subprocess);
@@ -69,7 +65,6 @@ def shim(tmp_path, valkey_url, unique):
             "status_path": str(d / "status.json"),
             "valkey_url": valkey_url,
             **FAST_RETRIES,
-            **DATAPLANE,
             **overrides,
         }
         (d / "shim.json").write_text(json.dumps(cfg))

@@ -1,4 +1,5 @@
-"""Both SDKs through the shim, streaming and not: answers, ledger rows vs the simulator's truth, progress."""
+"""Both SDKs through the shim, on the three wire formats, streaming and not: answers, ledger rows vs the
+simulator's truth, progress."""
 
 from __future__ import annotations
 
@@ -41,20 +42,36 @@ def _openai_calls(client, topic: str) -> None:
     assert usage and usage[-1].prompt_tokens_details.cached_tokens > 0  # injected include_usage
 
 
-@pytest.mark.parametrize("provider,model", [("anthropic", "claude-sonnet-4-5"), ("openai", "gpt-4o-mini")])
-def test_sdks_and_ledger_match_truth(sim, shim, valkey, unique, provider, model):
+def _responses_calls(client, topic: str) -> None:
+    """The Responses API (openai SDK's responses.create), as Codex CLI calls it: the whole conversation each turn."""
+    instructions = "Be brief. " * 30
+    r = client.responses.create(model="whatever", instructions=instructions, input=f"Explain {topic}.",
+                                max_output_tokens=200)
+    assert r.output_text and r.usage.input_tokens_details.cached_tokens == 0
+    history = [{"role": "user", "content": f"Explain {topic}."}, *(o.model_dump(exclude_none=True) for o in r.output),
+               {"role": "user", "content": "More."}]
+    events = list(client.responses.create(model="whatever", instructions=instructions, input=history, stream=True))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.usage.input_tokens_details.cached_tokens > 0  # the second turn read the first
+
+
+@pytest.mark.parametrize("route,provider,model", [("messages", "anthropic", "claude-sonnet-4-5"),
+                                                  ("chat", "openai", "gpt-4o-mini"),
+                                                  ("responses", "openai", "gpt-4o-mini")])
+def test_sdks_and_ledger_match_truth(sim, shim, valkey, unique, route, provider, model):
     url = sim()
     s = shim(url, provider=provider, model=model)
-    if provider == "anthropic":
-        _anthropic_calls(s.anthropic(), unique)
-    else:
-        _openai_calls(s.openai(), unique)
+    calls = {"messages": _anthropic_calls, "chat": _openai_calls, "responses": _responses_calls}[route]
+    calls(s.anthropic() if provider == "anthropic" else s.openai(), unique)
 
     rows = [CallRecord.model_validate(r) for r in s.rows()]
     assert [r.seq for r in rows] == [1, 2]
     assert [r.stream for r in rows] == [False, True]
     assert all(r.outcome == "ok" and r.http_status == 200 and not r.usage_estimated for r in rows)
     assert all(r.model == model and r.provider == provider and r.run == unique for r in rows)
+    assert {r.route for r in rows} == {{"messages": "/v1/messages", "chat": "/v1/chat/completions",
+                                        "responses": "/v1/responses"}[route]}
 
     truth = sim_stats(url, model)
     total = Totals.of(rows)
@@ -151,17 +168,3 @@ def test_health_and_status(sim, shim):
     assert st["totals"] == Totals().model_dump()
     assert math.isclose(st["totals"]["cost_usd"], 0.0)
 
-
-def test_call_ids_are_distinct_version_4_uuids():
-    """Call ids come 256 to a urandom read, formatted by hand (shim.server._Ids): each is a canonical RFC 4122
-    version-4 UUID string, and none repeats across refills."""
-    import uuid
-
-    from shim.server import _Ids
-
-    new_id = _Ids()
-    ids = [new_id() for _ in range(1000)]  # four refills of the pool
-    assert len(set(ids)) == len(ids)
-    for s in ids:
-        u = uuid.UUID(s)
-        assert str(u) == s and u.version == 4 and u.variant == uuid.RFC_4122

@@ -24,7 +24,7 @@ def _run(valkey_url: str, body) -> None:
 
 async def _book(p: ValkeyPacer, rpm: int = 1, itpm: int = 0, otpm: int = 0, max_wait_ms: float | None = None):
     """One raw admission (no sleeping): (admitted, wait_ms)."""
-    ok, wait = await p.kv.script(p._admit, p.keys, [p.burst_ms, p.max_wait_ms if max_wait_ms is None else max_wait_ms,
+    ok, wait = await p._admit(keys=p.keys, args=[p.burst_ms, p.max_wait_ms if max_wait_ms is None else max_wait_ms,
                                                  rpm, itpm, otpm])
     return int(ok), int(wait)
 

@@ -1,8 +1,10 @@
-"""Retries: the harness never sees 429/529/503/overloaded; terminal errors pass through marked final."""
+"""Retries: the harness never sees 429/529/503/overloaded (when retries run out, the session ends as
+rate_limited); terminal errors pass through marked final."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import anthropic
 import httpx
@@ -17,6 +19,9 @@ from shimtest import (
     sim_stats,
     sse,
 )
+
+from contract import keys
+from contract.models import AttemptRef
 
 MODEL = "claude-sonnet-4-5"
 SSE = {"content-type": "text/event-stream"}
@@ -39,7 +44,11 @@ def test_injected_errors_are_absorbed(sim, shim, unique):
         chunks = list(o.chat.completions.create(model="harness-model", messages=[{"role": "user", "content": topic}],
                                                 stream=True))
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        n += 4
+        assert o.responses.create(model="harness-model", input=topic).output_text
+        events = list(o.responses.create(model="harness-model", input=topic, stream=True))
+        assert events[-1].type == "response.completed" and events[-1].response.output_text
+        assert not [e for e in events if e.type == "error"]
+        n += 6
     rows = s.rows()
     assert len(rows) == n
     assert all(r["outcome"] == "ok" and r["http_status"] == 200 for r in rows)
@@ -93,25 +102,57 @@ def test_terminal_errors_pass_through(shim):
     assert s2.rows()[0]["outcome"] == "error" and s2.rows()[0]["retries"] == 0
 
 
-def test_retries_exhausted(shim):
+def test_retries_exhausted_end_the_session_as_rate_limited(shim, valkey, unique):
+    """Never an overload to the harness: the last retry's failure becomes a 400 that no SDK retries (its SDK
+    retries are on here), saying rate_limited, and the session ends: later calls are refused at once."""
     overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
     with running_stub([(529, {"retry-after": "0"}, overloaded)]) as (url, seen):
         s = shim(url, max_attempts=3)
+        client = anthropic.Anthropic(base_url=s.base, api_key=LOCAL_TOKEN, max_retries=2)
+        with pytest.raises(anthropic.BadRequestError) as e:
+            client.messages.create(**{**BODY, "model": "harness-model"})
+        assert e.value.status_code == 400 and e.value.response.headers["x-should-retry"] == "false"
+        message = e.value.body["error"]["message"]
+        assert message.startswith("rate_limited:") and "Overloaded" in message, message
+        assert len(seen) == 3  # the shim's three attempts; the SDK did not retry
         r = httpx.post(f"{s.base}/v1/messages", headers={"x-api-key": LOCAL_TOKEN}, json=BODY)
-        assert r.status_code == 529 and r.headers["x-should-retry"] == "false"
-        assert r.json()["error"]["type"] == "overloaded_error"
-        assert len(seen) == 3
-    (row,) = s.rows()
-    assert row["outcome"] == "upstream_exhausted" and row["retries"] == 2 and row["http_status"] == 529
+        assert r.status_code == 400 and r.headers["x-should-retry"] == "false"
+        assert r.json()["error"]["message"].startswith("rate_limited:")
+        assert len(seen) == 3  # refused without going upstream
+        assert s.status()["stopped"] == "rate_limited"
+    rows = s.rows()
+    assert [(r["outcome"], r["retries"], r["http_status"]) for r in rows] == [("rate_limited", 2, 529),
+                                                                               ("rate_limited", 0, 400)]
+    ref = AttemptRef(run=unique, instance_id="repo__repo-1", attempt=1)
+    assert valkey.hget(keys.progress(ref), "stopped") == b"rate_limited"
+    assert s.stop() == 0
+    assert json.loads((s.dir / "status.json").read_text())["stopped"] == "rate_limited"
 
 
 def test_unreachable_upstream_exhausted(shim):
-    s = shim("http://127.0.0.1:9", max_attempts=2)  # nothing listens on the discard port
-    with pytest.raises(openai.APIStatusError) as e:
+    s = shim("http://127.0.0.1:9", max_attempts=2, provider="openai")  # nothing listens on the discard port
+    with pytest.raises(openai.BadRequestError) as e:
         s.openai().chat.completions.create(model="harness-model", messages=[{"role": "user", "content": "hi"}])
-    assert e.value.status_code == 502 and e.value.response.headers["x-should-retry"] == "false"
+    assert e.value.status_code == 400 and e.value.response.headers["x-should-retry"] == "false"
+    assert e.value.code == "rate_limited" and "unreachable" in e.value.message
     (row,) = s.rows()
-    assert row["outcome"] == "upstream_exhausted" and row["retries"] == 1
+    assert (row["outcome"], row["retries"], row["http_status"]) == ("rate_limited", 1, 502)
+    assert s.status()["stopped"] == "rate_limited"
+
+
+def test_a_retry_that_would_pass_the_wall_time_ends_the_session_at_once(shim):
+    """A 429 asking for 30 s when the attempt has 3 s left: no waiting it out, rate_limited at once."""
+    limited = {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}
+    with running_stub([(429, {"retry-after": "30"}, limited)]) as (url, seen):
+        s = shim(url, limits={"wall_time_s": 3}, max_retry_after_s=60)
+        t0 = time.monotonic()
+        r = httpx.post(f"{s.base}/v1/messages", headers={"x-api-key": LOCAL_TOKEN}, json=BODY, timeout=30)
+        took = time.monotonic() - t0
+    assert r.status_code == 400 and r.headers["x-should-retry"] == "false" and took < 2, (r.status_code, took)
+    assert "wall time" in r.json()["error"]["message"] and len(seen) == 1
+    (row,) = s.rows()
+    assert (row["outcome"], row["retries"], row["http_status"]) == ("rate_limited", 0, 429)
+    assert s.status()["stopped"] == "rate_limited"
 
 
 @pytest.mark.parametrize("route", ["anthropic", "openai"])

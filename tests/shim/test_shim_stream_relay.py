@@ -171,7 +171,8 @@ def test_the_head_goes_at_once_and_the_events_wait_for_content(shim):
 
 def test_a_stream_whose_retries_all_fail_before_content_ends_with_the_error_event(shim):
     """Every attempt fails before content (an overloaded error event): the harness already has the 200 head,
-    so the last error ends the stream as an error event (the SDKs raise on it); no attempt's events leak."""
+    so the end comes as an error event (the SDKs raise on it) saying rate_limited; no attempt's events leak,
+    and the session has ended."""
     overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
 
     async def fail(resp: web.StreamResponse) -> None:
@@ -181,19 +182,19 @@ def test_a_stream_whose_retries_all_fail_before_content_ends_with_the_error_even
         s = shim(url, max_attempts=3, backoff_base_s=0.01)
         with httpx.Client(timeout=30) as c:
             r = c.post(f"{s.base}/v1/messages", json=STREAM, headers={"x-api-key": LOCAL_TOKEN})
-        with pytest.raises(anthropic.APIError, match="Overloaded"), s.anthropic().messages.stream(
+        with pytest.raises(anthropic.BadRequestError, match="rate_limited"), s.anthropic().messages.stream(
                 model="m", max_tokens=100, messages=[{"role": "user", "content": "go"}]) as st:
             st.get_final_text()
     assert r.status_code == 200 and b"message_start" not in r.content
-    assert r.content.count(b"event: error") == 1 and b"overloaded_error" in r.content
-    assert count[0] == 6  # three attempts for each of the two calls
+    assert r.content.count(b"event: error") == 1 and b"rate_limited" in r.content and b"Overloaded" in r.content
+    assert count[0] == 3  # the first call's three attempts; the second was refused
     rows = s.rows()
-    assert [(r["outcome"], r["http_status"], r["retries"]) for r in rows] == [("upstream_exhausted", 529, 2)] * 2
+    assert [(r["outcome"], r["http_status"], r["retries"]) for r in rows] == [("rate_limited", 529, 2),
+                                                                               ("rate_limited", 400, 0)]
 
 
 def test_a_chat_stream_whose_retries_all_fail_ends_with_an_error_chunk(shim):
-    """The same on the OpenAI route: the last error ends the 200 stream as an error chunk, and the OpenAI SDK
-    raises on it."""
+    """The same on the OpenAI route: the end comes as an error chunk, and the OpenAI SDK raises on it."""
     overloaded = {"error": {"message": "Overloaded", "type": "server_error", "code": "overloaded"}}
 
     async def fail(resp: web.StreamResponse) -> None:
@@ -201,9 +202,9 @@ def test_a_chat_stream_whose_retries_all_fail_ends_with_an_error_chunk(shim):
 
     with upstream([fail]) as (url, count):
         s = shim(url, provider="openai", max_attempts=2, backoff_base_s=0.01)
-        with pytest.raises(openai.APIError, match="Overloaded"):
+        with pytest.raises(openai.APIError, match="rate_limited.*Overloaded"):
             list(s.openai().chat.completions.create(model="m", stream=True,
                                                     messages=[{"role": "user", "content": "go"}]))
     assert count[0] == 2
     (row,) = s.rows()
-    assert (row["outcome"], row["http_status"], row["retries"]) == ("upstream_exhausted", 529, 1)
+    assert (row["outcome"], row["http_status"], row["retries"]) == ("rate_limited", 529, 1)

@@ -158,3 +158,57 @@ def test_anthropic_route_with_content_blocks(url, gold_patch):
     with client.messages.stream(model="claude-demo", max_tokens=1000, messages=history) as s:
         second = s.get_final_message()
     assert second.stop_reason == "tool_use" and gold_patch in second.content[1].input["command"]
+
+
+# Codex CLI's shell tools: `exec_command` takes the command as a string, `shell` as an argv
+EXEC_COMMAND = {"type": "function", "name": "exec_command", "description": "Run a command",
+                "parameters": {"type": "object", "properties": {"cmd": {"type": "string"},
+                                                                "workdir": {"type": "string"}}, "required": ["cmd"]}}
+SHELL = {"type": "function", "name": "shell", "description": "Run a command",
+         "parameters": {"type": "object", "properties": {"command": {"type": "array", "items": {"type": "string"}},
+                                                         "timeout_ms": {"type": "number"}}, "required": ["command"]}}
+APPLY_PATCH = {"type": "function", "name": "apply_patch",
+               "parameters": {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}}
+
+
+def responses_turns(client, statement: str, turns: int, tools: list[dict]) -> list:
+    """`turns` turns over the Responses API as Codex CLI makes them: the whole conversation as input items,
+    each function call answered with a function_call_output."""
+    items: list[dict] = [{"role": "user", "content": [{"type": "input_text", "text": task(statement)}]}]
+    calls = []
+    for _ in range(turns):
+        r = client.responses.create(model="gpt-demo", instructions="You are Codex.", input=items, tools=tools)
+        items += [o.model_dump(exclude_none=True) for o in r.output]
+        for call in (o for o in r.output if o.type == "function_call"):
+            calls.append(call)
+            items.append({"type": "function_call_output", "call_id": call.call_id, "output": "exit code 0"})
+    return calls
+
+
+def test_responses_api_replays_the_gold_patch_through_the_offered_tool(client, repo, gold_patch, tmp_path):
+    calls = responses_turns(client, STATEMENT, 4, [APPLY_PATCH, SHELL, EXEC_COMMAND])
+    assert [c.name for c in calls] == ["exec_command"] * 4 and all(c.call_id.startswith("call_") for c in calls)
+    look, apply, submit, again = (json.loads(c.arguments)["cmd"] for c in calls)
+    assert look == LOOK and submit == SUBMIT and again == SUBMIT and gold_patch in apply
+    work = tmp_path / "work"
+    subprocess.run(["git", "clone", "-q", str(repo), str(work)], check=True)
+    subprocess.run(["bash", "-c", apply], cwd=work, check=True)
+    assert (work / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
+    # an argv tool only: the command goes as bash -lc
+    (first,) = responses_turns(client, STATEMENT, 1, [SHELL])
+    assert first.name == "shell" and json.loads(first.arguments) == {"command": ["bash", "-lc", LOOK]}
+    assert responses_turns(client, "Something no dataset row mentions.", 1, [EXEC_COMMAND]) == []
+
+
+def test_responses_api_streams_the_function_call(client):
+    items = [{"role": "user", "content": task(STATEMENT)},
+             {"type": "function_call", "call_id": "call_1", "name": "exec_command", "arguments": '{"cmd": "ls"}'},
+             {"type": "function_call_output", "call_id": "call_1", "output": "calc.py"}]
+    events = list(client.responses.create(model="gpt-demo", input=items, tools=[EXEC_COMMAND], stream=True))
+    added = [e.item for e in events if e.type == "response.output_item.added" and e.item.type == "function_call"]
+    assert [i.name for i in added] == ["exec_command"]
+    arguments = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert json.loads(arguments)["cmd"].startswith("git apply")  # the second turn applies the patch
+    final = events[-1].response
+    assert events[-1].type == "response.completed" and final.output[-1].arguments == arguments
+    assert [e.sequence_number for e in events] == list(range(len(events)))
