@@ -195,3 +195,26 @@ def test_an_attempt_that_cannot_set_up_is_an_infrastructure_failure_not_an_empty
     report = json.loads((tmp_path / "out" / f"gpt-4o-mini.{unique}.json").read_text())
     assert report["infra_failure_ids"] == ["evalplane__calc-9"] and report["empty_patch_ids"] == []
     assert report["unresolved_ids"] == [] and report["failure_reasons"] == {"evalplane__calc-9": "setup_failed"}
+
+
+def test_a_provider_refusing_past_every_retry_is_an_infrastructure_failure(tmp_path, env, database_url, unique):
+    """Every upstream call is a 429/529/503: the shim absorbs them until its retries (or the attempt's wall time)
+    run out, then ends the session; the attempt lands infra_error/rate_limited, its calls are in the ledger, and the
+    official report lists it among the infrastructure failures, never as the model's."""
+    row = instances()[1]
+    (tmp_path / "one.jsonl").write_text(json.dumps(row) + "\n")
+    spec = write_spec(tmp_path, unique)
+    text = spec.read_text().replace(f'dataset = "{SYNTHETIC}/instances.jsonl"', f'dataset = "{tmp_path}/one.jsonl"')
+    text = text.replace("wall_time_s = 300", "wall_time_s = 45") + "error_rate = 1.0\n"
+    spec.write_text(text)
+    p = dispatcher(env, "run", str(spec), "--out", str(tmp_path / "out"))
+    assert p.returncode == 0, p.stderr[-4000:]
+    with psycopg.connect(database_url) as conn:
+        got = conn.execute("SELECT outcome, status, error FROM attempts WHERE run = %s", (unique,)).fetchall()
+        calls = conn.execute("SELECT outcome, retries FROM calls WHERE run = %s", (unique,)).fetchall()
+    assert len(got) == 1 and got[0][:2] == ("infra_error", "INFRA_ERROR") and got[0][2].startswith("rate_limited")
+    assert calls and calls[-1][0] == "rate_limited" and all(o != "ok" for o, _ in calls)
+    report = json.loads((tmp_path / "out" / f"gpt-4o-mini.{unique}.json").read_text())
+    assert report["infra_failure_ids"] == [row["instance_id"]]
+    assert report["failure_reasons"] == {row["instance_id"]: "rate_limited"}
+    assert report["unresolved_ids"] == report["empty_patch_ids"] == report["resolved_ids"] == []
