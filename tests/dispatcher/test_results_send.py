@@ -12,7 +12,7 @@ import threading
 
 import pytest
 from botocore.stub import Stubber
-from moto.sqs.models import Message, Queue
+from moto.sqs.models import Message, Queue, SQSBackend
 from tenacity import wait_none
 
 from contract import aws
@@ -76,8 +76,15 @@ def test_the_stand_in_keeps_every_message():
     assert race(moto_server.serialized(moto_server.stock_delete_message)) == ["held", "result of bench__sim-616"]
 
 
-def test_the_stand_in_server_is_patched(monkeypatch):
+@pytest.fixture
+def stock_moto(monkeypatch):
+    """moto's SQS as it ships, restored to whatever it was after the test."""
     monkeypatch.setattr(Queue, "delete_message", moto_server.stock_delete_message)
+    for name, value in moto_server.stock.items():
+        monkeypatch.setattr(Queue if name in moto_server.COUNTS else SQSBackend, name, value)
+
+
+def test_the_stand_in_server_is_patched(stock_moto):
     moto_server.patch()
     assert getattr(Queue.delete_message, "serialized", False)
     moto_server.patch()  # idempotent: not wrapped twice
@@ -144,3 +151,38 @@ def test_a_body_stored_other_than_sent_is_sent_again_then_fails_loudly(monkeypat
     with stub, pytest.raises(aws.SendFailed, match="MD5"):
         aws.send(q, "the result")
     stub.assert_no_pending_responses()
+
+
+def test_the_stand_in_sends_and_receives_without_scanning_the_queue_and_still_counts(stock_moto, monkeypatch):
+    """moto counts every message in the queue for each one sent or received (its attributes, read several times a
+    message): in the stand-in a message costs the same whatever the depth, and GetQueueAttributes still counts."""
+
+    def visibility_checks(backend: SQSBackend) -> int:
+        """Message.visible evaluations for one message sent and one received, with 500 messages in the queue."""
+        checks = [0]
+        stock = Message.visible
+
+        def counted(self):
+            checks[0] += 1
+            return stock.fget(self)
+
+        monkeypatch.setattr(Message, "visible", property(counted))
+        backend.send_message("q", "one more")
+        backend.receive_message("q", 1, 0, 30)
+        monkeypatch.setattr(Message, "visible", stock)
+        return checks[0]
+
+    def backend_with_500() -> SQSBackend:
+        b = SQSBackend("us-east-1", "123456789012")
+        b.create_queue("q")
+        for i in range(500):
+            b.send_message("q", f"m{i}")
+        return b
+
+    stock_checks = visibility_checks(backend_with_500())
+    moto_server.patch()
+    b = backend_with_500()
+    assert visibility_checks(b) < 600 < 4 * 500 < stock_checks  # one scan to pick the message, no counting
+    b.receive_message("q", 3, 0, 30)
+    got = b.get_queue_attributes("q", ["All"])
+    assert (got["ApproximateNumberOfMessages"], got["ApproximateNumberOfMessagesNotVisible"]) == (497, 4)
