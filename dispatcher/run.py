@@ -243,7 +243,7 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
             for w in workers:
                 if w.poll() is not None:
                     raise RuntimeError(f"an eval worker exited with code {w.returncode}; see {run_dir}")
-            time.sleep(0.5)
+            time.sleep(0.05 if loop.launch_backlog else 0.5)  # launches left for the next pass: no pause
         progress.done(loop.launch_report(), loop.resolved)
         ray.get([w.stop.remote() for w in writers])
         for w in writers:
@@ -284,10 +284,12 @@ class DriverLoop:
         self.busy_s = {"land check": 0.0, "reap": 0.0, "plan": 0.0, "job documents": 0.0, "launch": 0.0}
         self.landed: dict[tuple[str, int], str] | None = None  # (instance_id, attempt) -> status; see _refresh
         self.waiting: set[AttemptRef] = set()  # attempts an earlier dispatcher's task still holds (resume)
+        self.launch_backlog = False  # the last pass stopped launching at its time budget, with room left
+        self.counts: dict[str, int] = {}  # the run's rows per status, as of the last pass
 
     def step(self, progress: Progress | None = None) -> bool:
         t0 = time.monotonic()
-        counts = self._refresh()
+        counts = self.counts = self._refresh()
         if progress:
             progress.update(counts, self.running, self.launch_report())
         if sum(n for s, n in counts.items() if s != "PATCH_READY") == len(self.plan.refs):
@@ -373,6 +375,7 @@ class DriverLoop:
         self.waiting.update(r for r, is_live in zip(batch, live) if is_live)  # an earlier dispatcher's task
         batch = [r for r, is_live in zip(batch, live) if not is_live]
         deadline = time.monotonic() + PASS_BUDGET_S
+        self.launch_backlog = False
         for i in range(0, len(batch), LAUNCH_CHUNK):
             chunk = batch[i:i + LAUNCH_CHUNK]
             t0 = time.monotonic()
@@ -390,6 +393,7 @@ class DriverLoop:
             self.busy_s["job documents"] += t1 - t0
             self.busy_s["launch"] += t2 - t1
             if t2 > deadline:
+                self.launch_backlog = i + LAUNCH_CHUNK < len(batch)
                 break
 
     def launch_report(self) -> str | None:
