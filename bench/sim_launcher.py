@@ -85,7 +85,7 @@ def messages(ref: AttemptRef, pool: str, model: str, rng: random.Random, batches
 
 
 class _Task:
-    __slots__ = ("ref", "rows", "groups", "tail", "end", "ended", "drop")
+    __slots__ = ("drop", "end", "ended", "groups", "ref", "rows", "tail")
 
     def __init__(self, ref, rows, groups, tail, end, drop):
         self.ref, self.rows, self.groups, self.tail, self.end, self.drop = ref, rows, groups, tail, end, drop
@@ -255,9 +255,9 @@ class SimLauncher:
                  task_s: float, batches: int = 3, drop: set[str] = frozenset(), expected: int = 0):
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_fleet_main, daemon=True, args=(child, env, dict(
-            queue_url=results_queue_url, bucket=bucket, pool=pool, model=model, valkey_url=valkey_url, task_s=task_s,
-            batches=batches, drop=set(drop), expected=expected)))
+        self.proc = ctx.Process(target=_fleet_main, daemon=True, args=(child, env, {
+            "queue_url": results_queue_url, "bucket": bucket, "pool": pool, "model": model, "valkey_url": valkey_url,
+            "task_s": task_s, "batches": batches, "drop": set(drop), "expected": expected}))
         self.proc.start()
         self.codes: dict[str, int] = {}
         self.pending: list[tuple[str, int, str]] = []

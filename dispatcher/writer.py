@@ -432,6 +432,10 @@ class ResultsWriter:
                 log.exception("results writer iteration failed; retrying")
                 stop.wait(1.0)
 
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
     def state(self) -> dict:
         return {"run": self.res.run, "landed": dict(self.landed),
                 "busy_s": {k: round(v, 3) for k, v in self.busy_s.items()}}

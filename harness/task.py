@@ -181,7 +181,7 @@ def send_result(queue_url: str, result: AttemptResult, tail: list[CallRecord], c
     if copy_uri:
         try:
             aws.put_text(copy_uri, body)
-        except Exception:  # noqa: BLE001 - the queue is the way results travel; the copy only covers its loss
+        except Exception:  # the queue is the way results travel; the copy only covers its loss
             log.exception("storing the result's S3 copy failed; sending the result all the same")
     bodies = [body]
     if len(body.encode()) > LEDGER_MESSAGE_BYTES:

@@ -36,7 +36,12 @@ from contract import task_shape
 from contract.models import AttemptRef
 from dispatcher.launchers.base import LaunchMeter, TaskHandle
 from dispatcher.launchers.stack_outputs import StackOutputs
-from dispatcher.launchers.task_definitions import PgRevisionCache, RevisionCache, TaskImageError, TaskImageRevisions
+from dispatcher.launchers.task_definitions import (
+    PgRevisionCache,
+    RevisionCache,
+    TaskImageError,
+    TaskImageRevisions,
+)
 from dispatcher.launchers.token_bucket import TokenBucket
 
 log = logging.getLogger("evalplane.launchers.ecs")

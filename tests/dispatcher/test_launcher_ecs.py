@@ -333,7 +333,7 @@ def test_run_task_is_paced_to_the_launch_quota(estate, unique, database_url):
     """Each task started takes a token of the launch quota (rate, burst): the k-th RunTask goes no earlier than
     (k + 1 - burst) / rate, counting the time the launcher slept for tokens; eval workers take one a task."""
     waits: list[float] = []
-    launcher, rec = make_launcher(estate, database_url, sleep=waits.append, launch_rate_per_s=4.0, launch_burst=3)
+    launcher, _ = make_launcher(estate, database_url, sleep=waits.append, launch_rate_per_s=4.0, launch_burst=3)
     t0 = time.monotonic()
     at: list[float] = []  # when each RunTask went, on the launcher's clock (real time plus the sleeps it asked for)
     launcher.ecs.meta.events.register("before-call.ecs.RunTask", lambda **kw: at.append(time.monotonic() - t0 +

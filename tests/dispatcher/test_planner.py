@@ -73,7 +73,8 @@ def test_launch_time_follows_the_quota():
     assert pr.wall_time_s == 200 * 60
 
 
-def test_plan_of_a_20000_attempt_aws_spec_prints_the_launch_time(estate, tmp_path, unique, database_url, capsys):
+def test_plan_of_a_20000_attempt_aws_spec_prints_the_launch_time(estate, tmp_path, unique, database_url,  # noqa: F811
+                                                                 capsys):
     """`python -m dispatcher plan` on AWS: 20,000 tasks at Fargate's quota (20 a second after a burst of 100) take
     995 s to start, and the wall time includes them."""
     rows = [{"instance_id": f"big__big-{i}", "repo": "big/big", "base_commit": "0" * 40, "version": "0.1",

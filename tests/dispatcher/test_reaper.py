@@ -15,7 +15,16 @@ from pathlib import Path
 import pytest
 
 from contract import aws, keys
-from contract.models import AttemptRef, AttemptResult, CallRecord, Envelope, HarnessOutcome, LedgerBatch, Totals, utcnow
+from contract.models import (
+    AttemptRef,
+    AttemptResult,
+    CallRecord,
+    Envelope,
+    HarnessOutcome,
+    LedgerBatch,
+    Totals,
+    utcnow,
+)
 from dispatcher import report, resources
 from dispatcher import run as runmod
 from dispatcher.launchers.base import TaskHandle
