@@ -1,4 +1,5 @@
-"""A moto server (AWS APIs in server mode) as a subprocess on a free loopback port, for the benchmarks."""
+"""The S3/SQS stand-in (moto's server, fixed: dispatcher/moto_server.py) as a subprocess on a free loopback port, for
+the benchmarks."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+
 
 def start_moto(timeout_s: float = 30.0) -> tuple[subprocess.Popen, str]:
     """(the process, its endpoint URL) once it accepts connections; the caller kills it. RuntimeError if it
@@ -15,8 +18,8 @@ def start_moto(timeout_s: float = 30.0) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "dispatcher.moto_server", "-H", "127.0.0.1", "-p", str(port)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout_s
     while True:
         try:

@@ -1,12 +1,26 @@
-"""The `sim` launcher for the dispatch benchmark: tasks that send realistic result and ledger messages
-(10 calls each) to the run's results queue after a short simulated run, without running a harness."""
+"""The `sim` launcher for the dispatch benchmark: simulated tasks that do to the control plane what real tasks do,
+without running a harness.
+
+Each task, from its launch, for its harness time: keeps its progress key alive in Valkey (as harness/task.py's
+Heartbeat), makes CALLS_PER_TASK calls, whose ledger rows its shim sends to the results queue in `batches` batches
+while it runs, and at its end sends its result carrying the rows not yet sent (the last call's), marks its progress
+key "done" and exits 0. The tasks live in a process of their own (the fleet), so that their work is neither in the
+driver's pass times nor in its memory; the driver side (SimLauncher) hands each launch to the fleet and learns the
+exits from it. Two economies of the stand-in, not of real tasks: the fleet packs up to ten tasks' messages into one
+SendMessageBatch call (contract.aws.send_batch: every entry checked), and tasks store no S3 copies, except the
+`drop` tasks, whose result is killed on its way: they store their ledger copy, so that the driver lands them as
+lost_result with every row.
+"""
 
 from __future__ import annotations
 
 import heapq
+import multiprocessing
 import random
 import threading
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 from contract import aws, keys
@@ -20,14 +34,15 @@ from contract.models import (
     Totals,
     utcnow,
 )
-from dispatcher.launchers.base import TaskHandle
+from dispatcher.launchers.base import LaunchMeter, TaskHandle
 
 CALLS_PER_TASK = 10
+DONE_TTL_S = 600  # as harness/task.py: the "result sent" mark
 
 
-def messages(ref: AttemptRef, pool: str, model: str, rng: random.Random, split: bool = False) -> list[str]:
-    rows = []
+def call_rows(ref: AttemptRef, pool: str, model: str, rng: random.Random) -> list[CallRecord]:
     start = utcnow() - timedelta(seconds=60)
+    rows = []
     for seq in range(1, CALLS_PER_TASK + 1):
         inp, cached, out = rng.randint(500, 4000), rng.randint(0, 30000), rng.randint(50, 800)
         rows.append(CallRecord(
@@ -38,62 +53,258 @@ def messages(ref: AttemptRef, pool: str, model: str, rng: random.Random, split: 
             pacer_wait_ms=rng.uniform(0, 50), retries=rng.choice((0, 0, 0, 1)), http_status=200, outcome="ok",
             raw_usage={"input_tokens": inp, "cache_read_input_tokens": cached, "output_tokens": out},
         ))
+    return rows
+
+
+def split_rows(rows: list[CallRecord], batches: int) -> tuple[list[list[CallRecord]], list[CallRecord]]:
+    """The rows the shim sends in `batches` batches during the run, and the rest (the last call's at least), which
+    ride with the result."""
+    sent = rows[:-1] if batches else []
+    k = min(batches, len(sent))
+    groups = [sent[i * len(sent) // k:(i + 1) * len(sent) // k] for i in range(k)] if k else []
+    return groups, rows[len(sent):]
+
+
+def result_of(ref: AttemptRef, pool: str, model: str, rows: list[CallRecord], tail: list[CallRecord]) -> str:
     result = AttemptResult(
         ref=ref, harness="mini-swe-agent", pool=pool, model=model, outcome=HarnessOutcome.SUBMITTED,
-        ledger_calls=len(rows), totals=Totals.of(rows), started_at=start, ended_at=utcnow(),
-    )
-    if split:  # a long task: its shim sent the rows in a batch during the run
-        return [Envelope(msg=LedgerBatch(ref=ref, rows=rows)).model_dump_json(), Envelope(msg=result).model_dump_json()]
-    # a task whose calls all came within the shim's last send interval: they ride with the result
-    return [Envelope(msg=result.model_copy(update={"ledger": rows})).model_dump_json()]
+        ledger_calls=len(rows), totals=Totals.of(rows), started_at=rows[0].started_at, ended_at=utcnow(),
+        ledger=tail)
+    return Envelope(msg=result).model_dump_json()
+
+
+def messages(ref: AttemptRef, pool: str, model: str, rng: random.Random, batches: int = 0) -> list[str]:
+    """Every results message one task sends, in order: its ledger batches, then its result."""
+    rows = call_rows(ref, pool, model, rng)
+    groups, tail = split_rows(rows, batches)
+    return [Envelope(msg=LedgerBatch(ref=ref, rows=g)).model_dump_json() for g in groups] + [
+        result_of(ref, pool, model, rows, tail)]
+
+
+# ---------------------------------------------------------------- the fleet (its own process)
+
+
+class _Task:
+    __slots__ = ("drop", "end", "ended", "groups", "ref", "rows", "tail")
+
+    def __init__(self, ref, rows, groups, tail, end, drop):
+        self.ref, self.rows, self.groups, self.tail, self.end, self.drop = ref, rows, groups, tail, end, drop
+        self.ended = False
+
+
+class Fleet:
+    """Simulated tasks on one clock: a heap of due events (start, heartbeat, ledger batch, end), their messages
+    sent ten to a call by a few sender threads."""
+
+    TICK_S = 0.05
+
+    def __init__(self, conn, queue_url: str, bucket: str, pool: str, model: str, valkey_url: str, task_s: float,
+                 batches: int, drop: set[str], expected: int, senders: int = 8):
+        import redis
+
+        self.conn, self.queue, self.bucket, self.pool, self.model = conn, queue_url, bucket, pool, model
+        self.expected = expected  # tasks of the run: when that many are live at once, all are
+        self.task_s, self.batches, self.drop = task_s, batches, drop
+        self.valkey = redis.Redis.from_url(valkey_url)
+        self.due: list[tuple[float, int, str, _Task, int]] = []
+        self.seq = 0
+        self.outgoing: deque[tuple[str, _Task | None]] = deque()  # (body, the task whose result it is)
+        self.sent: deque[_Task] = deque()  # results on the queue: marked done and reported exited by the loop
+        self.pool_ = ThreadPoolExecutor(senders, thread_name_prefix="sim-send")
+        self.inflight = 0
+        self.failed: list[BaseException] = []  # a send that failed loudly ends the fleet loudly
+        self.lock = threading.Lock()
+        self.stats = {"launched": 0, "live": 0, "peak_live": 0, "ended": 0, "results_sent": 0, "messages_sent": 0,
+                      "send_calls": 0, "send_busy_s": 0.0, "first_sent_at": None, "first_result_at": None, "last_result_at": None,
+                      "all_live_at": None, "dropped": 0}
+
+    def _at(self, t: float, kind: str, task: _Task, arg: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.due, (t, self.seq, kind, task, arg))
+
+    def _launch(self, instance_id: str, attempt: int, run: str) -> None:
+        ref = AttemptRef(run=run, instance_id=instance_id, attempt=attempt)
+        rng = random.Random(f"{instance_id}/{attempt}")
+        rows = call_rows(ref, self.pool, self.model, rng)
+        groups, tail = split_rows(rows, self.batches)
+        now = time.monotonic()
+        harness_s = self.task_s * rng.uniform(1.0, 1.25)
+        task = _Task(ref, rows, groups, tail, now + harness_s, instance_id in self.drop)
+        self._at(now, "start", task)
+        for i in range(len(groups)):  # evenly over the harness time, each within the shim's 2 s of its calls
+            self._at(now + harness_s * (i + 1) / (len(groups) + 1), "batch", task, i)
+        self._at(task.end, "end", task)
+        self.stats["launched"] += 1
+        self.stats["live"] += 1
+        self.stats["peak_live"] = max(self.stats["peak_live"], self.stats["live"])
+
+    def _send(self, bodies: list[tuple[str, _Task | None]]) -> None:
+        t = time.monotonic()
+        aws.send_batch(self.queue, [b for b, _ in bodies])
+        done = time.time()
+        with self.lock:
+            self.inflight -= 1
+            self.stats["send_calls"] += 1
+            self.stats["messages_sent"] += len(bodies)
+            self.stats["send_busy_s"] += time.monotonic() - t
+            self.stats["first_sent_at"] = self.stats["first_sent_at"] or done
+            for _, task in bodies:
+                if task is not None:
+                    self.sent.append(task)
+                    self.stats["results_sent"] += 1
+                    self.stats["first_result_at"] = self.stats["first_result_at"] or done
+                    self.stats["last_result_at"] = done
+
+    def _events(self, now: float) -> None:
+        beats, starts = [], []
+        while self.due and self.due[0][0] <= now:
+            _, _, kind, task, arg = heapq.heappop(self.due)
+            if task.ended:
+                continue
+            if kind == "start":
+                starts.append(task)
+                self._at(now + keys.PROGRESS_TTL_S / 4, "beat", task)
+            elif kind == "beat":
+                beats.append(task)
+                self._at(now + keys.PROGRESS_TTL_S / 4, "beat", task)
+            elif kind == "batch":
+                self.outgoing.append((Envelope(msg=LedgerBatch(ref=task.ref, rows=task.groups[arg])).model_dump_json(),
+                                      None))
+            elif kind == "end":
+                task.ended = True
+                if task.drop:  # killed on its way: its ledger copy is in S3, its result nowhere
+                    prefix = f"s3://{self.bucket}/runs/{task.ref.run}/attempts/{task.ref.instance_id}/{task.ref.attempt}/"
+                    aws.put_text(aws.ledger_copy_uri(prefix), "".join(r.model_dump_json() + "\n" for r in task.rows))
+                    self.stats["dropped"] += 1
+                    self.sent.append(task)
+                else:
+                    self.outgoing.append((result_of(task.ref, self.pool, self.model, task.rows, task.tail), task))
+        if starts or beats:
+            with self.valkey.pipeline(transaction=False) as p:
+                for task in starts:
+                    key = keys.progress(task.ref)
+                    p.hset(key, mapping={"phase": "harness", "host": "sim"})
+                    p.expire(key, keys.PROGRESS_TTL_S)
+                for task in beats:
+                    p.expire(keys.progress(task.ref), keys.PROGRESS_TTL_S)
+                p.execute()
+
+    def _flush(self) -> None:
+        while self.outgoing:
+            group = [self.outgoing.popleft() for _ in range(min(10, len(self.outgoing)))]
+            with self.lock:
+                self.inflight += 1
+            self.pool_.submit(self._send, group).add_done_callback(
+                lambda f: f.exception() and self.failed.append(f.exception()))
+
+    def _finish(self) -> list[tuple[str, int, int]]:
+        """Results on the queue: as a real task, mark them sent (progress key "done"), then exit 0."""
+        with self.lock:
+            done = list(self.sent)
+            self.sent.clear()
+        if not done:
+            return []
+        with self.valkey.pipeline(transaction=False) as p:
+            for task in done:
+                key = keys.progress(task.ref)
+                p.hset(key, mapping={"phase": "done", "outcome": "submitted"})
+                p.expire(key, DONE_TTL_S)
+            p.execute()
+        self.stats["live"] -= len(done)
+        self.stats["ended"] += len(done)
+        return [(t.ref.instance_id, t.ref.attempt, 0) for t in done]
+
+    def run(self) -> None:
+        last_stats = 0.0
+        while True:
+            if self.failed:
+                raise self.failed[0]
+            while self.conn.poll(0):
+                msg = self.conn.recv()
+                if msg[0] == "quit":
+                    self.pool_.shutdown(wait=True)
+                    return
+                for instance_id, attempt, run in msg[1]:
+                    self._launch(instance_id, attempt, run)
+            now = time.monotonic()
+            self._events(now)
+            self._flush()
+            exits = self._finish()
+            if exits:
+                self.conn.send(("exit", exits))
+            if self.stats["all_live_at"] is None and self.stats["live"] and self.stats["live"] == self.expected:
+                self.stats["all_live_at"] = time.time()
+            if now - last_stats >= 1.0:
+                self.conn.send(("stats", dict(self.stats, queued=len(self.outgoing), inflight=self.inflight)))
+                last_stats = now
+            time.sleep(self.TICK_S)
+
+
+def _fleet_main(conn, env: dict[str, str], kwargs: dict) -> None:
+    import os
+
+    os.environ.update(env)
+    Fleet(conn, **kwargs).run()
 
 
 class SimLauncher:
-    """Each task 'runs' for about task_s (a due time, not a sleeping thread), then sends its result carrying its
-    ledger rows (or, split, a ledger batch and the result in one SendMessageBatch), as a real task does at its end. A few sender threads play the tasks."""
+    """The driver's side: each launch goes to the fleet process (in batches, once a pass), and poll answers from
+    the exits the fleet reports."""
 
-    def __init__(self, results_queue_url: str, pool: str, model: str, task_s: float = 0.5, threads: int = 8,
-                 valkey=None, split: bool = False):
-        self.split = split
-        self.queue, self.pool_name, self.model, self.task_s = results_queue_url, pool, model, task_s
-        self.valkey = valkey
-        self.due: list[tuple[float, str, AttemptRef]] = []
-        self.cv = threading.Condition()
-        self.done: dict[str, int] = {}
+    def __init__(self, results_queue_url: str, bucket: str, pool: str, model: str, valkey_url: str, env: dict,
+                 task_s: float, batches: int = 3, drop: set[str] = frozenset(), expected: int = 0):
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_fleet_main, daemon=True, args=(child, env, {
+            "queue_url": results_queue_url, "bucket": bucket, "pool": pool, "model": model, "valkey_url": valkey_url,
+            "task_s": task_s, "batches": batches, "drop": set(drop), "expected": expected}))
+        self.proc.start()
+        self.codes: dict[str, int] = {}
+        self.pending: list[tuple[str, int, str]] = []
+        self.stats: dict = {}
         self.launched = 0
-        self.threads = [threading.Thread(target=self._sender, daemon=True) for _ in range(threads)]
-        for t in self.threads:
-            t.start()
-
-    def _sender(self) -> None:
-        sqs = aws.client("sqs")
-        while True:
-            with self.cv:
-                while not self.due or self.due[0][0] > time.monotonic():
-                    self.cv.wait(timeout=None if not self.due else max(0.0, self.due[0][0] - time.monotonic()))
-                _, task_id, ref = heapq.heappop(self.due)
-            bodies = messages(ref, self.pool_name, self.model, random.Random(task_id), self.split)
-            sqs.send_message_batch(QueueUrl=self.queue,
-                                   Entries=[{"Id": str(i), "MessageBody": b} for i, b in enumerate(bodies)])
-            if self.valkey is not None:  # as a real task does: its result is on the queue
-                key = keys.progress(ref)
-                self.valkey.hset(key, mapping={"phase": "done", "outcome": "submitted"})
-                self.valkey.expire(key, 600)
-            self.done[task_id] = 0
+        self.meter = LaunchMeter()
+        self._drained = 0.0
 
     def launch(self, ref: AttemptRef, job_uri: str, image: str | None = None) -> TaskHandle:
-        task_id = f"sim-{ref.instance_id}-{ref.attempt}"
-        self.launched += 1
-        with self.cv:
-            heapq.heappush(self.due, (time.monotonic() + self.task_s * random.uniform(0.5, 1.5), task_id, ref))
-            self.cv.notify()
-        return TaskHandle(ref=ref, task_id=task_id)
+        with self.meter.timed():
+            self.pending.append((ref.instance_id, ref.attempt, ref.run))
+            self.launched += 1
+            if len(self.pending) >= 64:
+                self.flush()
+        return TaskHandle(ref=ref, task_id=f"{ref.instance_id}/{ref.attempt}")
+
+    def flush(self) -> None:
+        if self.pending:
+            self.conn.send(("launch", self.pending))
+            self.pending = []
+
+    def drain(self) -> None:
+        self.flush()
+        while self.conn.poll(0):
+            kind, body = self.conn.recv()
+            if kind == "exit":
+                self.codes.update((f"{i}/{a}", code) for i, a, code in body)
+            else:
+                self.stats = body
 
     def poll(self, handle: TaskHandle) -> int | None:
-        return self.done.get(handle.task_id)
+        now = time.monotonic()
+        if now - self._drained > 0.1:
+            self._drained = now
+            self.drain()
+        return self.codes.get(handle.task_id)
 
     def stop(self, handle: TaskHandle) -> None:
-        pass
+        pass  # simulated tasks end on their own, within their harness time
 
     def task_url(self, url: str) -> str:
         return url
+
+    def launch_report(self) -> str:
+        return f"sim launcher: {self.meter.report()}"
+
+    def close(self) -> None:
+        self.drain()
+        self.conn.send(("quit",))
+        self.proc.join(30)

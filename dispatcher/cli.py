@@ -378,7 +378,9 @@ def cmd_plan(args, out: Console, err: Console) -> int:
     except pricing.UnknownModel:
         price = None
     todo = len(plan.refs) - done
-    p = predict(max(todo, 0), limits, obs, price, spec.backend.concurrency, spec.budget.run_usd)
+    aws = spec.backend.kind == "aws"  # locally nothing paces launches; the launchers report their rate as they run
+    p = predict(max(todo, 0), limits, obs, price, spec.backend.concurrency, spec.budget.run_usd,
+                spec.backend.launch_rate_per_s if aws else None, spec.backend.launch_burst)
     lim = ", ".join(f"{k} {v}" for k, v in limits.items()) or "none known (unpaced)"
     out.print(f"run {spec.run.name}: {len(plan.refs)} attempt(s) ({len(plan.rows)} instance(s) x {spec.run.attempts}),"
               f" {done} already landed, {todo} to run", soft_wrap=True)
@@ -392,7 +394,12 @@ def cmd_plan(args, out: Console, err: Console) -> int:
     fed = "unbounded" if p.feedable == float("inf") else f"{p.feedable:.0f}"
     out.print(f"predicted fleet: {p.concurrency} concurrent task(s) (limits can feed {fed};"
               f" spec allows {spec.backend.concurrency})", soft_wrap=True)
-    out.print(f"predicted wall time: {p.wall_time_s / 60:.1f} min", soft_wrap=True)
+    if aws:
+        out.print(f"predicted launch time: {p.launch_s / 60:.1f} min to start {todo} task(s) at the ECS launch quota"
+                  f" ({spec.backend.launch_rate_per_s:g} tasks/s after a burst of {spec.backend.launch_burst};"
+                  f" backend.launch_rate_per_s, backend.launch_burst)", soft_wrap=True)
+    out.print(f"predicted wall time: {p.wall_time_s / 60:.1f} min"
+              + (" (launch time included)" if p.launch_s else ""), soft_wrap=True)
     cost = "unknown (model not in the price table)" if price is None else f"${p.cost_usd:.4f}" + (
         f" (capped by the run budget ${spec.budget.run_usd})" if p.capped_by_budget else "")
     out.print(f"predicted cost: {cost}", soft_wrap=True)

@@ -49,9 +49,8 @@ def ensure_moto() -> str:
     endpoint = f"http://127.0.0.1:{MOTO_PORT}"
     if not _answers("127.0.0.1", MOTO_PORT):
         log = open(state_dir() / "moto.log", "ab")
-        moto = Path(sys.executable).with_name("moto_server")
-        proc = subprocess.Popen(
-            [str(moto), "-H", "127.0.0.1", "-p", str(MOTO_PORT)],
+        proc = subprocess.Popen(  # moto's server with its SQS message-loss race fixed (dispatcher.moto_server)
+            [sys.executable, "-m", "dispatcher.moto_server", "-H", "127.0.0.1", "-p", str(MOTO_PORT)],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
         )
         (state_dir() / "moto.pid").write_text(str(proc.pid))

@@ -95,17 +95,32 @@ class Prediction(BaseModel):
     concurrency: int
     feedable: float
     calls_per_minute: float
+    launch_s: float  # starting every task at the launch quota (0 where launches are not paced)
     wall_time_s: float
     cost_usd: float
     capped_by_budget: bool
     basis: str
 
 
+def launch_seconds(n: int, rate_per_s: float | None, burst: int = 1) -> float:
+    """How long starting n tasks takes at a launch quota: a burst at once, then `rate_per_s`."""
+    if not rate_per_s or n <= burst:
+        return 0.0
+    return (n - burst) / rate_per_s
+
+
 def predict(n_attempts: int, limits: dict[str, int], obs: PoolObservation, price: Price | None,
-            max_concurrency: int, run_usd: float) -> Prediction:
+            max_concurrency: int, run_usd: float, launch_rate_per_s: float | None = None,
+            launch_burst: int = 1) -> Prediction:
+    """Fleet size, wall time and cost. Wall time is the longest of: waves of attempts at the fleet size (plus the
+    time to start the first wave at the launch quota), starting every task at the quota and then running the last
+    one, and the calls the pool's limits admit."""
     conc = max(1, min(n_attempts, _whole(feedable(limits, obs), max_concurrency)))
     cpm = calls_per_minute_fed(limits, obs)
-    waves = math.ceil(n_attempts / conc) * obs.attempt_minutes
+    launch_s = launch_seconds(n_attempts, launch_rate_per_s, launch_burst)
+    waves = (math.ceil(n_attempts / conc) * obs.attempt_minutes
+             + launch_seconds(conc, launch_rate_per_s, launch_burst) / 60)
+    launched = launch_s / 60 + obs.attempt_minutes if launch_s else 0
     paced = (n_attempts * obs.calls_per_attempt / cpm) if math.isfinite(cpm) else 0
     per_call = 0.0
     if price:
@@ -113,5 +128,5 @@ def predict(n_attempts: int, limits: dict[str, int], obs: PoolObservation, price
                     + obs.output_per_call * price.output)
     cost = n_attempts * obs.calls_per_attempt * per_call
     return Prediction(attempts=n_attempts, concurrency=conc, feedable=feedable(limits, obs), calls_per_minute=cpm,
-                      wall_time_s=max(waves, paced) * 60, cost_usd=min(cost, run_usd),
+                      launch_s=launch_s, wall_time_s=max(waves, launched, paced) * 60, cost_usd=min(cost, run_usd),
                       capped_by_budget=cost > run_usd, basis=obs.basis)

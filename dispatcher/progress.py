@@ -40,6 +40,9 @@ def _duration(s: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
+RESOLVED_FROM = {"copy": "their S3 result copy", "lost": "what their task left (lost_result or task_died)"}
+
+
 class Progress:
     def __init__(self, console: Console | None, run: str, total: int, every_s: float = 5.0,
                  live: LiveRun | None = None, run_cap_usd: float | None = None):
@@ -49,12 +52,15 @@ class Progress:
         self.cap = Decimal(str(cap)) if cap else None
         self._started = time.monotonic()
         self._last = 0.0
+        self.launches: str | None = None
         self._done_at_start: int | None = None
         self._panel = Live(console=self.console, auto_refresh=False, transient=False) \
             if self.console.is_terminal else None
 
-    def update(self, counts: Mapping[str, int], running: Mapping[Any, Any]) -> None:
-        """counts: landed rows per status; running: the driver's tasks (values with .exit_code)."""
+    def update(self, counts: Mapping[str, int], running: Mapping[Any, Any], launches: str | None = None) -> None:
+        """counts: landed rows per status; running: the driver's tasks (values with .exit_code); launches: the
+        launcher's own report of its launch rate."""
+        self.launches = launches
         if self.live is not None:
             self.live.update(counts, running)
         now = time.monotonic()
@@ -79,7 +85,8 @@ class Progress:
         parts = ", ".join(f"{k.lower()} {v}" for k, v in sorted(counts.items()))
         money = "" if spent is None else f"; ${spent:.6f}" + (f" of ${self.cap}" if self.cap else "")
         return (f"{time.monotonic() - self._started:5.0f}s {self.run}: {sum(counts.values())}/{self.total} landed"
-                f" ({parts or 'none yet'}); {active} task(s) running{money}; ETA {_duration(eta)}")
+                f" ({parts or 'none yet'}); {active} task(s) running{money}; ETA {_duration(eta)}"
+                + (f"; {self.launches}" if self.launches else ""))
 
     def panel(self, counts: Mapping[str, int], active: int, spent: Decimal | None, eta: float | None) -> Group:
         done = sum(n for s, n in counts.items() if s != "PATCH_READY")
@@ -94,16 +101,19 @@ class Progress:
         if spent is not None and self.cap:
             share = float(spent / self.cap)
             money.append(f" of ${self.cap} cap ({share:.1%})", style="red" if share > 0.9 else "")
-        return Group(grid, statuses or Text("nothing landed yet", style="dim"),
-                     Text(f"{active} task(s) running, ") + money)
+        tasks = Text(f"{active} task(s) running" + (f", {self.launches}" if self.launches else "") + ", ")
+        return Group(grid, statuses or Text("nothing landed yet", style="dim"), tasks + money)
 
-    def done(self) -> None:
+    def done(self, launches: str | None = None, resolved: dict[str, int] | None = None) -> None:
+        """The run's last line, with its launch rate and the attempts the driver landed itself (their task gone)."""
         if self._panel is not None and self._panel.is_started:
             self._panel.stop()
+        by_driver = ", ".join(f"{n} from {RESOLVED_FROM[k]}" for k, n in (resolved or {}).items() if n)
+        tail = (f"; landed by the driver: {by_driver}" if by_driver else "") + (f"; {launches}" if launches else "")
         final = self.live.finish() if self.live is not None else None
         if final:
             self.console.print(f"{self.run}: all {self.total} attempts landed; ${Decimal(final['spent_usd']):.6f}"
-                               f" over {final['calls']} call(s) (ledger)", highlight=False)
+                               f" over {final['calls']} call(s) (ledger){tail}", highlight=False)
             return
         self.console.print(f"[dim]{time.monotonic() - self._started:5.0f}s[/] {self.run}: all {self.total} attempts"
-                           " landed")
+                           f" landed{tail}")

@@ -3,6 +3,11 @@
 spec -> Plan -> (job document, task) per attempt -> results queue -> ResultsWriter -> rows -> report.
 Resumable: attempts that already have a row are never relaunched, and attempts whose task is still
 alive (its progress key in Valkey is fresh) are waited for, not launched twice.
+
+The run always ends: every attempt's row lands from what its task sent, or, once its task is gone and the row has
+not landed within a bound, from what its task left in S3 (its result's copy, else an infra_error lost_result with
+its ledger copy's rows), landed by the driver itself (`_resolve`). Nothing the loop waits on is a state that
+cannot change.
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ from contract.models import (
     AttemptLimits,
     AttemptRef,
     AttemptResult,
+    CallRecord,
     Envelope,
     HarnessOutcome,
     HarnessRef,
     Job,
     ModelRef,
+    Totals,
     utcnow,
 )
 from dispatcher import localstack, resources
@@ -44,10 +51,15 @@ from dispatcher.plan import Plan
 from dispatcher.planner import Planner, observe
 from dispatcher.progress import Progress
 from dispatcher.resources import RunResources
+from dispatcher.writer import ResultsWriter
 
 log = logging.getLogger("evalplane.dispatcher")
 
-REAP_GRACE_S = 20.0  # a task that exited without its result landing within this is landed as infra_error
+REAP_GRACE_S = 20.0  # a task gone without marking its result sent is resolved after this (backend.result_wait_s if it did)
+STOP_GRACE_S = 120.0  # past its wall-time limit by this, a task is stopped from outside
+RETRY_RESOLVE_S = 10.0  # a resolution that failed (S3 or the database unreachable) is tried again after this
+PASS_BUDGET_S = 0.5  # launching and resolving stop for the pass after this long (the rest go next pass)
+LAUNCH_CHUNK = 64  # job documents written (in parallel) and tasks launched per step within a pass
 UPSTREAM_KEY_ENV = task_shape.UPSTREAM_KEY_ENV
 
 
@@ -61,7 +73,9 @@ class Running:
     started: float
     exited_at: float | None = None
     exit_code: int | None = None
-    result_sent: bool = False  # seen the task's "done" mark (or landed its infra_error ourselves)
+    stopped_at: float | None = None  # when the driver stopped it (its wall-time guard failed)
+    result_sent: bool = False  # the task marked its progress key "done": its result is on the queue
+    resolve_at: float | None = None  # once its task is gone: when the driver lands its row if none has landed
 
 
 def open_run(conn: psycopg.Connection, plan: Plan) -> str:
@@ -147,9 +161,19 @@ def land_attempt(res: RunResources, plan: Plan, ref: AttemptRef, outcome: Harnes
     aws.send(res.results_queue_url, Envelope(msg=msg).model_dump_json())
 
 
-def land_infra_error(res: RunResources, plan: Plan, ref: AttemptRef, why: str) -> None:
-    """A task died without reporting: land its attempt as an infrastructure error."""
-    land_attempt(res, plan, ref, HarnessOutcome.INFRA_ERROR, why)
+def unreported_result(plan: Plan, ref: AttemptRef, why: str, rows: list[dict]) -> AttemptResult:
+    """The infra_error an attempt lands as when its task is gone and left no result: its totals are those of the
+    ledger rows its task's S3 copy holds (landed with it), so its spend is not lost with it."""
+    now = utcnow()
+    try:
+        records = [CallRecord.model_validate(r) for r in rows]
+    except ValueError:
+        records = []
+    return AttemptResult(
+        ref=ref, harness=plan.spec.harness.name, pool=plan.spec.pool, model=plan.spec.model.model,
+        outcome=HarnessOutcome.INFRA_ERROR, ledger_calls=len(records), totals=Totals.of(records),
+        started_at=min((r.started_at for r in records), default=now), ended_at=now, error=why,
+    )
 
 
 def execute(plan: Plan, valkey_url: str, console=None) -> str:
@@ -182,7 +206,8 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
         if spec.backend.kind == "aws":
             # The provider key reaches tasks from Secrets Manager through their task definition, never from here.
             upstream = spec.model.base_url or outputs.gateway_url
-            launcher = EcsLauncher.from_stack_outputs(outputs)
+            launcher = EcsLauncher.from_stack_outputs(outputs, launch_rate_per_s=spec.backend.launch_rate_per_s,
+                                                      launch_burst=spec.backend.launch_burst)
             launcher.launch_eval_workers(spec.eval.workers, run=run, command=[
                 "--queue", res.eval_queue_url, "--backend", spec.eval.backend, "--idle-exit", "900"])
         else:
@@ -220,8 +245,9 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
             for w in workers:
                 if w.poll() is not None:
                     raise RuntimeError(f"an eval worker exited with code {w.returncode}; see {run_dir}")
-            time.sleep(0.5)
-        progress.done()
+            time.sleep(0.05 if loop.launch_backlog else 0.5)  # launches left for the next pass: no pause
+        progress.done(loop.launch_report(), loop.resolved)
+        loop.resolver.close()
         ray.get([w.stop.remote() for w in writers])
         for w in writers:
             ray.kill(w)
@@ -247,6 +273,9 @@ class DriverLoop:
     def __init__(self, plan: Plan, res: RunResources, conn, valkey, launcher, pacer, make_job_doc):
         self.plan, self.res, self.conn, self.valkey = plan, res, conn, valkey
         self.launcher, self.pacer, self.make_job_doc = launcher, pacer, make_job_doc
+        # lands what no task will report on (its own connection: the loop's reads stay short transactions)
+        self.resolver = ResultsWriter(res, db.database_url(), plan.spec.eval.timeout_s)
+        self.resolved = {"copy": 0, "lost": 0}  # attempts landed by _resolve, by what they landed from
         self.running: dict[AttemptRef, Running] = {}
         self.planner = Planner(plan.spec.backend.concurrency)
         self.target = min(4, plan.spec.backend.concurrency)  # then grown by the planner while pacer wait is low
@@ -258,12 +287,14 @@ class DriverLoop:
         self.busy_s = {"land check": 0.0, "reap": 0.0, "plan": 0.0, "job documents": 0.0, "launch": 0.0}
         self.landed: dict[tuple[str, int], str] | None = None  # (instance_id, attempt) -> status; see _refresh
         self.waiting: set[AttemptRef] = set()  # attempts an earlier dispatcher's task still holds (resume)
+        self.launch_backlog = False  # the last pass stopped launching at its time budget, with room left
+        self.counts: dict[str, int] = {}  # the run's rows per status, as of the last pass
 
     def step(self, progress: Progress | None = None) -> bool:
         t0 = time.monotonic()
-        counts = self._refresh()
+        counts = self.counts = self._refresh()
         if progress:
-            progress.update(counts, self.running)
+            progress.update(counts, self.running, self.launch_report())
         if sum(n for s, n in counts.items() if s != "PATCH_READY") == len(self.plan.refs):
             return True
         landed = self.landed
@@ -286,19 +317,22 @@ class DriverLoop:
 
     def _refresh(self) -> dict[str, int]:
         """Bring `landed` up to date without rescanning the run: every row once, at the start; then, each pass,
-        only the attempts the loop tracks (its tasks, and those an earlier dispatcher's task still holds), since
-        no other attempt can land meanwhile. Returns the run's row count per status (an index-only count)."""
+        only the attempts whose row the loop waits for (its tasks that are gone, and those an earlier
+        dispatcher's task still holds), since no other attempt's row matters to it (a live task's attempt is not
+        launched again whatever its row). Returns the run's row count per status (an index-only count)."""
         run = self.plan.spec.run.name
         if self.landed is None:
             self.landed = landed_status(self.conn, run)
-        tracked = [*self.running, *self.waiting]
+        tracked = {(r.instance_id, r.attempt) for r in self.waiting} | {
+            (r.instance_id, r.attempt) for r, t in self.running.items() if t.exit_code is not None}
         if tracked:
+            # `= ANY` costs alike under any plan (an index scan, or a scan with the array hashed); a join with the
+            # tracked pairs did not: the statement is prepared, and its generic plan, made while the table was
+            # empty, scanned every row for every tracked attempt (18 s a pass at 10,000 tasks and 15,000 rows).
             rows = self.conn.execute(
-                "SELECT a.instance_id, a.attempt, a.status FROM attempts a"
-                " JOIN unnest(%s::text[], %s::int[]) AS t(iid, att) ON a.instance_id = t.iid AND a.attempt = t.att"
-                " WHERE a.run = %s",
-                ([r.instance_id for r in tracked], [r.attempt for r in tracked], run)).fetchall()
-            self.landed.update({(i, a): s for i, a, s in rows})
+                "SELECT instance_id, attempt, status FROM attempts WHERE run = %s AND instance_id = ANY(%s)",
+                (run, list({i for i, _ in tracked}))).fetchall()
+            self.landed.update({(i, a): s for i, a, s in rows if (i, a) in tracked})
         if self.waiting:
             self._recheck_waiting()
         counts = dict(self.conn.execute(
@@ -308,10 +342,18 @@ class DriverLoop:
 
     def _recheck_waiting(self) -> None:
         """An earlier dispatcher's task is waited for while its progress key lives; once the key is gone and no
-        row landed, the task died unheard and the attempt goes back to pending."""
+        row landed, its result is landed from the task's S3 copy if it left one, else the attempt goes back to
+        pending (its task died unheard, and it is launched again)."""
         refs = list(self.waiting)
-        self.waiting = {r for r, is_live in zip(refs, self._live(refs))
-                        if is_live and (r.instance_id, r.attempt) not in self.landed}
+        for ref, is_live in zip(refs, self._live(refs)):
+            if (ref.instance_id, ref.attempt) in self.landed:
+                self.waiting.discard(ref)
+            elif not is_live:
+                self.waiting.discard(ref)
+                try:
+                    self._land_unreported(ref, None)
+                except Exception:  # S3 or the database unreachable: launched again instead
+                    log.exception("could not look for the S3 result copy of %s", ref.slug)
 
     def _live(self, refs: list[AttemptRef]) -> list[bool]:
         """Whether each attempt's progress key exists (a task, ours or an earlier driver's, holds it)."""
@@ -321,10 +363,13 @@ class DriverLoop:
             return [bool(n) for n in p.execute()]
 
     def _launch(self, landed: dict, now: float) -> None:
-        """Up to the target: job documents first (written in parallel), then one task per attempt."""
+        """Up to the target: job documents first (written in parallel), then one task per attempt; a chunk at a
+        time, stopping for this pass after PASS_BUDGET_S (and at the launcher's quota: launch_room)."""
         # A task counts until its row has landed: when results land slower than tasks finish (a slow writer,
         # a backed-up queue), launching stops instead of piling more results onto the queue.
         room = self.target - len(self.running)
+        if hasattr(self.launcher, "launch_room"):
+            room = min(room, self.launcher.launch_room())
         batch: list[AttemptRef] = []
         for ref in self._pending(landed):
             if len(batch) >= room:
@@ -335,15 +380,30 @@ class DriverLoop:
         live = self._live(batch)
         self.waiting.update(r for r, is_live in zip(batch, live) if is_live)  # an earlier dispatcher's task
         batch = [r for r, is_live in zip(batch, live) if not is_live]
-        t0 = time.monotonic()
-        docs = [(self.res.job_uri(r), self.make_job_doc(r).model_dump_json()) for r in batch]
-        list(self.pool.map(lambda d: aws.put_text(*d), docs))
-        t1 = time.monotonic()
-        for ref in batch:
-            handle = self.launcher.launch(ref, self.res.job_uri(ref), self.plan.task_images.get(ref.instance_id))
-            self.running[ref] = Running(handle=handle, started=now)
-        self.busy_s["job documents"] += t1 - t0
-        self.busy_s["launch"] += time.monotonic() - t1
+        deadline = time.monotonic() + PASS_BUDGET_S
+        self.launch_backlog = False
+        for i in range(0, len(batch), LAUNCH_CHUNK):
+            chunk = batch[i:i + LAUNCH_CHUNK]
+            t0 = time.monotonic()
+            docs = [(self.res.job_uri(r), self.make_job_doc(r).model_dump_json()) for r in chunk]
+            list(self.pool.map(lambda d: aws.put_text(*d), docs))
+            t1 = time.monotonic()
+            items = [(r, self.res.job_uri(r), self.plan.task_images.get(r.instance_id)) for r in chunk]
+            if hasattr(self.launcher, "launch_many"):  # ECS: RunTask calls in parallel, up to the quota
+                handles = self.launcher.launch_many(items)
+            else:
+                handles = [self.launcher.launch(*it) for it in items]
+            for ref, handle in zip(chunk, handles):
+                self.running[ref] = Running(handle=handle, started=now)
+            t2 = time.monotonic()
+            self.busy_s["job documents"] += t1 - t0
+            self.busy_s["launch"] += t2 - t1
+            if t2 > deadline:
+                self.launch_backlog = i + LAUNCH_CHUNK < len(batch)
+                break
+
+    def launch_report(self) -> str | None:
+        return self.launcher.launch_report() if hasattr(self.launcher, "launch_report") else None
 
     def _pending(self, landed: dict):
         """Attempts without a row and without a task of ours, in plan order (a cursor, not a rescan)."""
@@ -358,35 +418,91 @@ class DriverLoop:
                 yield ref
 
     def _reap(self, landed: dict, now: float) -> None:
-        wall = self.plan.spec.budget.wall_time_s
+        """Follow every task to its end. A task past its wall-time limit is stopped; one that does not stop within
+        backend.result_wait_s counts as gone. Once a task is gone and its attempt has no row, the row is due: after
+        REAP_GRACE_S if the task never marked its result sent, after backend.result_wait_s if it did (the writer
+        may be that far behind); then the driver lands it (_resolve)."""
+        wall, bound = self.plan.spec.budget.wall_time_s, self.plan.spec.backend.result_wait_s
+        due: list[AttemptRef] = []
+        gone: list[tuple[AttemptRef, Running]] = []  # just seen gone without a row: is their result said to be sent?
         for ref, t in list(self.running.items()):
             if t.exit_code is None:
                 t.exit_code = self.launcher.poll(t.handle)
                 if t.exit_code is not None:
                     t.exited_at = now
-                elif now - t.started > wall + 120:
+                elif t.stopped_at is None and now - t.started > wall + STOP_GRACE_S:
                     self.launcher.stop(t.handle)  # the task's own wall-time guard failed
+                    t.stopped_at = now
+                elif t.stopped_at is not None and now - t.stopped_at > bound:
+                    t.exit_code, t.exited_at = -1, now  # stopped long ago and still not reported gone
             if (ref.instance_id, ref.attempt) in landed:
                 if t.exit_code is not None:
                     del self.running[ref]
-            elif t.exit_code is not None and not t.result_sent:
-                t.result_sent = self._result_sent(ref)
-                if not t.result_sent and now - t.exited_at > REAP_GRACE_S:
-                    land_infra_error(self.res, self.plan, ref,
-                                     f"task exited with code {t.exit_code} without a result")
-                    t.result_sent = True  # sent once; the writer's unique key absorbs any race
+                continue
+            if t.exit_code is None:
+                continue
+            if t.resolve_at is None:
+                gone.append((ref, t))
+            elif now >= t.resolve_at:
+                due.append(ref)
+        for (ref, t), sent in zip(gone, self._results_sent([r for r, _ in gone])):
+            t.result_sent = sent
+            t.resolve_at = t.exited_at + (bound if sent else REAP_GRACE_S)
+            if now >= t.resolve_at:
+                due.append(ref)
+        deadline = time.monotonic() + PASS_BUDGET_S
+        for ref in due:
+            self._resolve(ref, self.running[ref], now)
+            if time.monotonic() > deadline:
+                break  # the rest next pass
 
-    def _result_sent(self, ref: AttemptRef) -> bool:
-        """A task marks its progress key done once its result is on the queue: then the row is coming, however far
-        behind the writer is, and landing infra_error could race it. (The exit code is no evidence: a task
-        stopped from outside lands itself as cancelled and exits 0; a task that never ran may report 0 too.)"""
-        return self.valkey.hget(keys.progress(ref), "phase") in (b"done", "done")
+    def _resolve(self, ref: AttemptRef, t: Running, now: float) -> None:
+        """Land the row of an attempt whose task is gone and whose row did not come: from the task's S3 copy of
+        its result if it left one, else as infra_error with the ledger rows of its S3 ledger copy."""
+        bound = self.plan.spec.backend.result_wait_s
+        if t.result_sent:
+            why = (f"lost_result: the task sent its result and exited (code {t.exit_code}), but no row landed"
+                   f" within {bound:g} s")
+        else:
+            why = f"task_died: exited with code {t.exit_code} without sending its result"
+        try:
+            how = self._land_unreported(ref, lambda rows: unreported_result(self.plan, ref, why, rows))
+        except Exception:  # S3 or the database unreachable: the same again shortly
+            log.exception("could not land %s; trying again in %g s", ref.slug, RETRY_RESOLVE_S)
+            t.resolve_at = now + RETRY_RESOLVE_S
+            return
+        log.warning("%s: landed from %s (%s)", ref.slug, "its S3 result copy" if how == "copy" else "what it left",
+                    why)
+        t.resolve_at = now + bound  # its row is in; should it somehow not be, the same again after the bound
+
+    def _land_unreported(self, ref: AttemptRef, lost) -> str | None:
+        """ResultsWriter.land_unreported, then `landed` learns the row at once (no relaunch in this pass)."""
+        how = self.resolver.land_unreported(ref, lost)
+        if how is not None:
+            self.resolved[how] += 1
+            row = self.conn.execute("SELECT status FROM attempts WHERE run = %s AND instance_id = %s AND attempt = %s",
+                                    (ref.run, ref.instance_id, ref.attempt)).fetchone()
+            self.conn.commit()
+            if row and self.landed is not None:
+                self.landed[(ref.instance_id, ref.attempt)] = row[0]
+        return how
+
+    def _results_sent(self, refs: list[AttemptRef]) -> list[bool]:
+        """Whether each task marked its progress key done, which it does once its result is on the queue: then the
+        row is coming, however far behind the writer is, and gets backend.result_wait_s to land. (The exit code is no
+        evidence: a task stopped from outside lands itself as cancelled and exits 0; one that never ran may too.)"""
+        if not refs:
+            return []
+        with self.valkey.pipeline(transaction=False) as p:
+            for r in refs:
+                p.hget(keys.progress(r), "phase")
+            return [phase in (b"done", "done") for phase in p.execute()]
 
     def _resize(self, landed: dict) -> None:
         state = ray.get(self.pacer.tick.remote())
         self.limits = state["limits"]
         obs = observe(self.conn, self.plan.spec.pool)
-        remaining = len(self.plan.refs) - len(landed)
+        remaining = len(self.plan.refs) - sum(self.counts.values())
         active = sum(1 for t in self.running.values() if t.exit_code is None)
         self.target = self.planner.target(self.limits, obs, remaining, max(active, self.target))
 

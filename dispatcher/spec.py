@@ -117,6 +117,14 @@ class BackendSpec(Strict):
     writers: int | None = Field(None, ge=1, le=64, description=(
         "results writer actors consuming the run's results queue (default: one per 250 concurrent tasks, at least"
         " 1, at most 8)"))
+    result_wait_s: float = Field(300, gt=0, description=(
+        "the longest an attempt's row may take to land once its task is gone (after it reported its result sent);"
+        " then the driver resolves it: its result from the task's S3 copy, else infra_error (lost_result) with the"
+        " ledger rows of the task's S3 ledger copy"))
+    launch_rate_per_s: float = Field(20.0, gt=0, le=1000, description=(
+        "backend aws: task launches a second RunTask is paced to (default: Fargate's documented rate per account"
+        " and region)"))
+    launch_burst: int = Field(100, ge=1, le=10000, description="backend aws: launches allowed at once above the rate")
 
     @property
     def writer_count(self) -> int:

@@ -18,6 +18,7 @@ import logging
 import operator
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -266,27 +267,78 @@ class ResultsWriter:
                  Jsonb({"reason": v.reason, "report_uri": v.report_uri})),
             )
 
+    def ledger_copy(self, ref: AttemptRef) -> list[dict[str, Any]]:
+        """The rows of the task's S3 ledger copy ([] if it left none, or an unreadable one)."""
+        text = aws.get_text_if_exists(aws.ledger_copy_uri(self.res.artifacts_prefix(ref)))
+        try:
+            return [orjson.loads(line) for line in (text or "").splitlines() if line.strip()]
+        except ValueError as e:
+            log.error("the S3 ledger copy of %s is unreadable, not recovered: %s", ref.slug, e)
+            return []
+
     def recover_ledgers(self, refs: list[AttemptRef]) -> int:
-        """Attempts landed as infra_error by the dispatcher (their task died without reporting): land whatever
+        """Attempts landed as infra_error without ledger rows (their task died before sending them): land whatever
         ledger rows the task's copy in S3 holds (a task that died after uploading it, before its result went
         out). The call_id key absorbs rows that arrived in batches already."""
         n = 0
         for ref in refs:
-            try:
-                text = aws.get_text(self.res.artifacts_prefix(ref) + "ledger.jsonl")
-            except Exception:  # noqa: BLE001 - no copy (the task died earlier): nothing to recover
+            rows = self.ledger_copy(ref)
+            if not rows:
                 continue
             try:
-                rows = [orjson.loads(line) for line in text.splitlines() if line.strip()]
-                if rows:
-                    with self.conn.transaction(), self.conn.cursor() as cur:
-                        self._copy_calls(cur, rows)
-            except (ValueError, psycopg.DataError, psycopg.IntegrityError) as e:
-                log.error("the S3 ledger copy of %s is unreadable, not recovered: %s", ref.slug, e)
+                with self.conn.transaction(), self.conn.cursor() as cur:
+                    self._copy_calls(cur, rows)
+            except (psycopg.DataError, psycopg.IntegrityError) as e:
+                log.error("the S3 ledger copy of %s was refused, not recovered: %s", ref.slug, e)
                 continue
             n += len(rows)
             log.info("recovered %d ledger rows of %s from its S3 copy", len(rows), ref.slug)
         return n
+
+    def land_unreported(self, ref: AttemptRef,
+                        lost: Callable[[list[dict[str, Any]]], AttemptResult] | None) -> str | None:
+        """Land an attempt whose result message never arrived (its task is gone), with every row of the task's S3
+        ledger copy: the result the task stored in S3 before sending it, if there is one ('copy'), else
+        lost(ledger rows) ('lost'; None: land nothing). A row that landed meanwhile wins (the attempt's key)."""
+        rows = self.ledger_copy(ref)
+        copy = self.result_copy(ref)
+        if copy is None and lost is None:
+            return None
+        seen = {r.get("call_id") for r in rows}
+        rows += [r for r in (copy.rows if copy is not None else []) if r.get("call_id") not in seen]
+        if copy is not None:
+            try:
+                self.enqueue_eval(self._land_refusing_rows(copy.msg, rows))
+                return "copy"
+            except (psycopg.DataError, psycopg.IntegrityError) as e:
+                if lost is None:
+                    raise
+                log.error("the S3 result copy of %s was refused by the database (%s); it lands as lost", ref.slug, e)
+        self.enqueue_eval(self._land_refusing_rows(lost(rows), rows))
+        return "lost"
+
+    def result_copy(self, ref: AttemptRef) -> Incoming | None:
+        """The result message the task stored in S3 before sending it (None if it left none, or an unreadable one)."""
+        text = aws.get_text_if_exists(aws.result_copy_uri(self.res.artifacts_prefix(ref)))
+        if text is None:
+            return None
+        try:
+            msg = Incoming.decode(text)
+        except Undeliverable as e:
+            log.error("the S3 result copy of %s is unreadable: %s", ref.slug, e)
+            return None
+        return msg if isinstance(msg.msg, AttemptResult) and msg.msg.ref == ref else None
+
+    def _land_refusing_rows(self, msg: AttemptResult, rows: list[dict[str, Any]]) -> list[AttemptRef]:
+        """The attempt with its rows; if the database refuses a row, the attempt alone (its row must land)."""
+        try:
+            return self.land([Incoming(msg, rows)])
+        except (psycopg.DataError, psycopg.IntegrityError) as e:
+            if not rows:
+                raise
+            log.error("ledger rows of %s refused by the database (%s); its attempt lands without them",
+                      msg.ref.slug, e)
+            return self.land([Incoming(msg)])
 
     # ------------------------------------------------------------ eval jobs
 
@@ -379,6 +431,10 @@ class ResultsWriter:
             except Exception:  # keep landing: a transient DB or queue error must not stop the writer
                 log.exception("results writer iteration failed; retrying")
                 stop.wait(1.0)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
 
     def state(self) -> dict:
         return {"run": self.res.run, "landed": dict(self.landed),

@@ -172,11 +172,20 @@ def unsent_rows(ledger: Path, status: dict) -> list[CallRecord]:
     return [r for r in rows if r.seq in seqs]
 
 
-def send_result(queue_url: str, result: AttemptResult, tail: list[CallRecord]) -> None:
-    """One message: the result with the unsent rows. If that would not fit in an SQS message, the rows go first as
-    ledger batches of their own (the writer absorbs any row it sees twice)."""
+def send_result(queue_url: str, result: AttemptResult, tail: list[CallRecord], copy_uri: str | None = None) -> None:
+    """The result with the unsent rows, as one message; if that would not fit in an SQS message, the rows go as
+    ledger batches of their own (the writer absorbs any row it sees twice). Returns once SQS has stored every
+    message as sent (contract.aws checks each, failed batch entries included), else raises. First, the whole
+    message goes to S3 (copy_uri): if it is lost on its way, the dispatcher lands this copy."""
     body = Envelope(msg=result.model_copy(update={"ledger": tail})).model_dump_json()
+    if copy_uri:
+        try:
+            aws.put_text(copy_uri, body)
+        except Exception:  # the queue is the way results travel; the copy only covers its loss
+            log.exception("storing the result's S3 copy failed; sending the result all the same")
+    bodies = [body]
     if len(body.encode()) > LEDGER_MESSAGE_BYTES:
+        bodies = []
         i = 0
         while i < len(tail):
             n = len(tail) - i
@@ -185,10 +194,10 @@ def send_result(queue_url: str, result: AttemptResult, tail: list[CallRecord]) -
                 if len(batch.encode()) <= LEDGER_MESSAGE_BYTES or n == 1:
                     break
                 n = max(1, n // 2)
-            aws.send(queue_url, batch)
+            bodies.append(batch)
             i += n
-        body = Envelope(msg=result).model_dump_json()
-    aws.send(queue_url, body)
+        bodies.append(Envelope(msg=result).model_dump_json())
+    aws.send_batch(queue_url, bodies)
 
 
 def store_artifacts(prefix: str, workdir: Path, patch: str) -> tuple[str | None, str | None, list[str]]:
@@ -346,7 +355,8 @@ def main(argv: list[str]) -> int:
         ledger_calls=int(shim_status.get("ledger_rows", 0)), totals=Totals.model_validate(shim_status.get("totals", {})),
         started_at=started, ended_at=utcnow(), error=error,
     )
-    send_result(job.results_queue_url, result, unsent_rows(workdir / "ledger.jsonl", shim_status))
+    send_result(job.results_queue_url, result, unsent_rows(workdir / "ledger.jsonl", shim_status),
+                aws.result_copy_uri(job.artifacts_prefix))
     heartbeat.finish(outcome.value)
     log.info("attempt %s landed as %s (%d patch bytes)", ref.slug, outcome.value, result.patch_bytes)
     return 0

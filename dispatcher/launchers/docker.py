@@ -16,7 +16,7 @@ import docker
 import docker.errors
 
 from contract.models import AttemptRef
-from dispatcher.launchers.base import TaskHandle
+from dispatcher.launchers.base import LaunchMeter, TaskHandle
 from dispatcher.launchers.egress import Egress
 
 L_ROLE, L_RUN, L_INSTANCE, L_ATTEMPT = "evalplane.role", "evalplane.run", "evalplane.instance", "evalplane.attempt"
@@ -41,10 +41,14 @@ class DockerLauncher:
         self.egress = Egress(self.client, network, list(allowed), egress_image).up()
         self.env = {k: self._rewrite(v) for k, v in env.items()}
         self._exited: dict[str, int] = {}
+        self.meter = LaunchMeter()
 
     def task_url(self, url: str) -> str:
         """The URL a task must use for an allowed endpoint (write this into job documents)."""
         return self.egress.url(url)
+
+    def launch_report(self) -> str:
+        return f"docker launcher: {self.meter.report()}"
 
     def _rewrite(self, value: str) -> str:
         return self.egress.url(value) if self.egress.allows(value) else value
@@ -60,11 +64,12 @@ class DockerLauncher:
             old.remove(force=True)
         except docker.errors.NotFound:
             pass
-        c = self.client.containers.run(
-            image, [job_uri], name=name, detach=True, network=self.egress.name, environment=self.env,
-            labels={L_ROLE: "task", L_RUN: ref.run, L_INSTANCE: ref.instance_id, L_ATTEMPT: str(ref.attempt)},
-            mem_limit=self.mem_limit, nano_cpus=self.nano_cpus, init=True,
-        )
+        with self.meter.timed():
+            c = self.client.containers.run(
+                image, [job_uri], name=name, detach=True, network=self.egress.name, environment=self.env,
+                labels={L_ROLE: "task", L_RUN: ref.run, L_INSTANCE: ref.instance_id, L_ATTEMPT: str(ref.attempt)},
+                mem_limit=self.mem_limit, nano_cpus=self.nano_cpus, init=True,
+            )
         return TaskHandle(ref=ref, task_id=c.id)
 
     def poll(self, handle: TaskHandle) -> int | None:

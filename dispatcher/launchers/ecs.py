@@ -2,8 +2,10 @@
 
 Batching: RunTask's `count` (at most 10) starts copies that share one `overrides`, and each attempt must
 get its own job reference, so an attempt is one RunTask call with count=1; throughput comes from calling
-concurrently (`launch_many`) under throttling backoff. Eval workers are interchangeable, so they do go 10 a
-call. Placement failures (`failures`, or fewer tasks than asked) are not lost: the attempt's handle stays
+concurrently (`launch_many`). Every task started counts against the account's launch quota (Fargate: about 20 tasks
+a second, bursts of 100, per account and region), so RunTask is paced to it by a token bucket (one token a task)
+instead of being throttled and backed off; `launch_room` says how many can start now without waiting. Eval workers
+are interchangeable, so they do go 10 a call. Placement failures (`failures`, or fewer tasks than asked) are not lost: the attempt's handle stays
 pending and is retried later (`retry_pending`, or on `poll`), the eval deficit likewise.
 
 Every attempt runs its own task image (contract/task_shape.py): RunTask cannot override an image, so the attempt
@@ -32,20 +34,22 @@ from botocore.exceptions import ClientError
 
 from contract import task_shape
 from contract.models import AttemptRef
-from dispatcher.launchers.base import TaskHandle
+from dispatcher.launchers.base import LaunchMeter, TaskHandle
 from dispatcher.launchers.stack_outputs import StackOutputs
 from dispatcher.launchers.task_definitions import (
     PgRevisionCache,
     RevisionCache,
     TaskImageError,
     TaskImageRevisions,
-    TokenBucket,
 )
+from dispatcher.launchers.token_bucket import TokenBucket
 
 log = logging.getLogger("evalplane.launchers.ecs")
 
 PENDING = "pending"  # task_id of a handle whose attempt is not placed yet
 MAX_COUNT = 10  # RunTask's limit of tasks per call
+# Fargate's documented task launch rate per account and region (ECS service quotas): sustained, and burst
+FARGATE_LAUNCH_RATE_PER_S, FARGATE_LAUNCH_BURST = 20.0, 100
 DESCRIBE_BATCH = 100  # DescribeTasks' limit of tasks per call
 THROTTLE_CODES = {"ThrottlingException", "Throttling", "TooManyRequestsException", "RequestLimitExceeded",
                   "ServerException"}
@@ -108,10 +112,12 @@ class EcsLauncher:
                  poll_interval_s: float = 5.0, retry_interval_s: float = 15.0, backoff_base_s: float = 0.5,
                  max_throttle_tries: int = 10, launch_workers: int = 8, sleep: Callable[[float], None] = time.sleep,
                  revision_cache: RevisionCache | None = None, register_rate_per_s: float = 1.0,
-                 register_burst: int = 5):
+                 register_burst: int = 5, launch_rate_per_s: float = FARGATE_LAUNCH_RATE_PER_S,
+                 launch_burst: int = FARGATE_LAUNCH_BURST):
         """revision_cache: where task-image revisions are shared between dispatchers (default: the
         `task_definitions` table in DATABASE_URL); register_rate_per_s, register_burst: the pace of
-        RegisterTaskDefinition calls."""
+        RegisterTaskDefinition calls; launch_rate_per_s, launch_burst: the account's task launch quota RunTask is
+        paced to (tasks a second, and the burst)."""
         self.harness, self.eval = harness, eval_workers
         self.ecs = client or boto3.client("ecs", region_name=region, config=Config(
             retries={"mode": "adaptive", "max_attempts": 5}, max_pool_connections=max(10, launch_workers * 2)))
@@ -132,6 +138,8 @@ class EcsLauncher:
         self.revisions = TaskImageRevisions(
             harness.task_definition, harness.container, revision_cache or PgRevisionCache(), self._call,
             TokenBucket(register_rate_per_s, register_burst, sleep=sleep))
+        self.launch_pace = TokenBucket(launch_rate_per_s, launch_burst, sleep=sleep)
+        self.meter = LaunchMeter()
 
     @classmethod
     def from_stack_outputs(cls, out: StackOutputs, **kw) -> EcsLauncher:
@@ -144,6 +152,14 @@ class EcsLauncher:
     def task_url(self, url: str) -> str:
         """In the VPC, endpoints are reachable as they are."""
         return url
+
+    def launch_room(self) -> int:
+        """Tasks the launch quota lets start now without waiting (the driver launches no more in one pass)."""
+        return self.launch_pace.available()
+
+    def launch_report(self) -> str:
+        return (f"ecs launcher, paced to {self.launch_pace.rate:g} tasks/s (burst {self.launch_pace.burst:g}): "
+                f"{self.meter.report()}")
 
     # ------------------------------------------------------------------ API calls
     def _call(self, op: str, **kw) -> dict:
@@ -188,12 +204,15 @@ class EcsLauncher:
 
     def _try(self, p: _Pending) -> bool:
         ref = p.handle.ref
-        resp = self._call(
-            "run_task", cluster=self.harness.cluster, taskDefinition=p.task_definition, count=1,
-            launchType=self.harness.launch_type, startedBy=started_by(ref.run), group=f"evalplane:{ref.run}"[:255],
-            overrides={"containerOverrides": [{"name": self.harness.container, "command": [p.job_uri]}]},
-            tags=self._tags("harness", ref), **self.harness.network(),
-        )
+        self.launch_pace.acquire()
+        with self.meter.timed():
+            resp = self._call(
+                "run_task", cluster=self.harness.cluster, taskDefinition=p.task_definition, count=1,
+                launchType=self.harness.launch_type, startedBy=started_by(ref.run),
+                group=f"evalplane:{ref.run}"[:255],
+                overrides={"containerOverrides": [{"name": self.harness.container, "command": [p.job_uri]}]},
+                tags=self._tags("harness", ref), **self.harness.network(),
+            )
         tasks = resp.get("tasks", [])
         with self._lock:
             if tasks:
@@ -303,6 +322,7 @@ class EcsLauncher:
             if command else {}
         arns: list[str] = []
         for k in [MAX_COUNT] * (n // MAX_COUNT) + ([n % MAX_COUNT] if n % MAX_COUNT else []):
+            self.launch_pace.acquire(k)
             resp = self._call("run_task", cluster=self.eval.cluster, taskDefinition=self.eval.task_definition,
                               count=k, launchType=self.eval.launch_type, startedBy="evalplane/eval-worker",
                               tags=self._tags("eval-worker", run=run), **self.eval.network(), **overrides)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from contract.models import AttemptRef
-from dispatcher.launchers.base import TaskHandle
+from dispatcher.launchers.base import LaunchMeter, TaskHandle
 
 
 class ProcessLauncher:
@@ -18,12 +18,13 @@ class ProcessLauncher:
         self.log_dir = log_dir
         self.env = env
         self._procs: dict[str, subprocess.Popen] = {}
+        self.meter = LaunchMeter()
 
     def launch(self, ref: AttemptRef, job_uri: str, image: str | None = None) -> TaskHandle:
         """image is not used: the task runs on this host, on a checkout of its bundle."""
         log = self.log_dir / f"{ref.instance_id}.{ref.attempt}.task.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "ab") as fh:
+        with self.meter.timed(), open(log, "ab") as fh:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "harness", job_uri],
                 stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -49,6 +50,9 @@ class ProcessLauncher:
 
     def task_url(self, url: str) -> str:
         return url
+
+    def launch_report(self) -> str:
+        return f"process launcher: {self.meter.report()}"
 
 
 def local_task_env(extra: dict[str, str]) -> dict[str, str]:

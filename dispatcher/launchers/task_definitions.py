@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import re
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -21,6 +20,7 @@ import botocore.session
 import psycopg
 
 from contract import db
+from dispatcher.launchers.token_bucket import TokenBucket
 
 DIGEST_REF = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
 T_TEMPLATE, T_IMAGE_DIGEST = "evalplane:template", "evalplane:image-digest"
@@ -64,31 +64,6 @@ def derive_revision(template: dict[str, Any], tags: list[dict[str, str]], contai
     extra = {T_TEMPLATE: template_arn, T_IMAGE_DIGEST: image.rpartition("@")[2]}
     args["tags"] = [t for t in tags if t["key"] not in extra] + [{"key": k, "value": v} for k, v in extra.items()]
     return args
-
-
-class TokenBucket:
-    """Paces calls to `rate` a second with bursts of `burst`. acquire() reserves a token and sleeps until it is
-    due, so concurrent callers queue in order instead of spinning."""
-
-    def __init__(self, rate: float, burst: int, *, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep):
-        if rate <= 0 or burst < 1:
-            raise ValueError("a token bucket needs rate > 0 and burst >= 1")
-        self.rate, self.burst = rate, float(burst)
-        self._clock, self._sleep = clock, sleep
-        self._tokens, self._last = self.burst, clock()
-        self._lock = threading.Lock()
-
-    def acquire(self) -> float:
-        """Take one token; returns the seconds waited for it."""
-        with self._lock:
-            now = self._clock()
-            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate) - 1
-            self._last = now
-            wait = -self._tokens / self.rate if self._tokens < 0 else 0.0
-        if wait:
-            self._sleep(wait)
-        return wait
 
 
 class RevisionCache(Protocol):

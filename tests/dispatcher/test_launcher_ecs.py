@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 import urllib.request
 
 import boto3
@@ -21,12 +22,8 @@ from contract import task_shape
 from contract.models import AttemptRef
 from dispatcher.launchers.ecs import PENDING, EcsLauncher, EcsTarget, exit_code, started_by
 from dispatcher.launchers.stack_outputs import StackOutputs, StackOutputsError
-from dispatcher.launchers.task_definitions import (
-    PgRevisionCache,
-    TaskImageError,
-    TokenBucket,
-    register_fields,
-)
+from dispatcher.launchers.task_definitions import PgRevisionCache, TaskImageError, register_fields
+from dispatcher.launchers.token_bucket import TokenBucket
 
 REGISTRY = "123456789012.dkr.ecr.us-east-1.amazonaws.com"
 
@@ -332,6 +329,33 @@ def test_registrations_are_paced(estate, unique, database_url):
     assert waits == [pytest.approx(0.5, abs=0.1), pytest.approx(1.0, abs=0.1)]  # the first one in the burst
 
 
+def test_run_task_is_paced_to_the_launch_quota(estate, unique, database_url):
+    """Each task started takes a token of the launch quota (rate, burst): the k-th RunTask goes no earlier than
+    (k + 1 - burst) / rate, counting the time the launcher slept for tokens; eval workers take one a task."""
+    waits: list[float] = []
+    launcher, _ = make_launcher(estate, database_url, sleep=waits.append, launch_rate_per_s=4.0, launch_burst=3)
+    t0 = time.monotonic()
+    at: list[float] = []  # when each RunTask went, on the launcher's clock (real time plus the sleeps it asked for)
+    launcher.ecs.meta.events.register("before-call.ecs.RunTask", lambda **kw: at.append(time.monotonic() - t0 +
+                                                                                        sum(waits)))
+    image = task_image(unique)
+    launcher.revisions.arn(image)
+    refs = [AttemptRef(run=unique, instance_id=f"q__q-{i}", attempt=1) for i in range(8)]
+    for r in refs:
+        launcher.launch(r, f"s3://b/{r.instance_id}.json", image)
+    assert len(at) == 8 and len(waits) == 8 - 3  # the burst went at once, the rest waited their turn
+    for k, t in enumerate(at):
+        assert t >= (k + 1 - 3) / 4.0 - 1e-6, (k, at)
+    assert launcher.launch_room() == 0
+    assert "paced to 4 tasks/s (burst 3): 8 launched" in launcher.launch_report()
+
+    out = StackOutputs.load(estate)
+    add_container_instance(out.eval_cluster_arn, "m5.2xlarge")
+    before = sum(waits)
+    launcher.launch_eval_workers(10)  # ten tasks in one call take ten tokens: at most a burst (3) was there
+    assert sum(waits) - before >= (10 - 3) / 4.0 - 1e-6
+
+
 def test_token_bucket_reserves_in_order():
     now = [0.0]
     waited: list[float] = []
@@ -342,6 +366,9 @@ def test_token_bucket_reserves_in_order():
     assert waited == [0.5, 1.0, 0.5]
     with pytest.raises(ValueError):
         TokenBucket(0, 1)
+    assert bucket.available() == 0  # still owed
+    now[0] = 20.0
+    assert bucket.available() == 2 and bucket.acquire(3) == 0.5  # several tokens at once (ten tasks in a call)
 
 
 def test_an_attempt_without_a_task_image_by_digest_is_refused(estate, unique, database_url):
