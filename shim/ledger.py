@@ -54,7 +54,12 @@ class SQSSender:
             credentials.get_frozen_credentials()
 
     def __call__(self, body: str) -> None:
-        self.client().send_message(QueueUrl=self.queue_url, MessageBody=body)
+        """Sent only once SQS has stored exactly this body (else the rows stay pending and go again)."""
+        from contract.aws import SendFailed, md5_of  # botocore with it: loaded off the start-up path, as boto3 is
+
+        got = self.client().send_message(QueueUrl=self.queue_url, MessageBody=body).get("MD5OfMessageBody")
+        if got != md5_of(body):
+            raise SendFailed(f"{self.queue_url}: SQS stored a body whose MD5 is {got}, not the one sent")
 
 
 class Ledger:
