@@ -1,6 +1,7 @@
 """Task images built by the build verb (`python -m dispatcher images`): one per instance, FROM its instance image plus
-the runtime layer, pushed to a registry by digest, reused when nothing changed; and inside each, nothing the agent
-can reach says what came after the base commit. The checks read the image with git itself, not the prune script."""
+the runtime layer, reused when nothing changed, pushed to a registry and run from it by digest; and inside each,
+nothing the agent can reach says what came after the base commit. The checks read the image with git itself, not
+the prune script."""
 
 from __future__ import annotations
 
@@ -17,30 +18,33 @@ from contract import task_shape
 pytestmark = pytest.mark.e2e
 
 
-def images_spec(tmp_path: Path, run: str, registry: str) -> Path:
+def images_spec(tmp_path: Path, run: str, extra: str = "") -> Path:
     spec = write_spec(tmp_path, run)
     text = spec.read_text().replace('kind = "local"', 'kind = "local"\nlauncher = "docker"')
-    spec.write_text(text + f'\n[images]\nregistry = "{registry}"\n')
+    spec.write_text(text + extra)
     return spec
 
 
+def recorded(database_url: str, registry: str) -> dict[str, str]:
+    import psycopg
+
+    with psycopg.connect(database_url) as conn:
+        return dict(conn.execute("SELECT DISTINCT ON (instance_id) instance_id, ref FROM task_images"
+                                 " WHERE registry = %s ORDER BY instance_id, built_at DESC", (registry,)))
+
+
 @pytest.fixture(scope="module")
-def built(docker_engine, local_registry, tmp_path_factory, database_url, valkey_url, moto_endpoint):
+def built(docker_engine, tmp_path_factory, database_url, valkey_url, moto_endpoint):
+    """Every synthetic instance's task image in the local engine, built (or found) once, then asked for again."""
     import os
 
     env = os.environ | {"DATABASE_URL": database_url}
-    tmp = tmp_path_factory.mktemp("images")
-    spec = images_spec(tmp, "images-e2e", local_registry)
+    spec = images_spec(tmp_path_factory.mktemp("images"), "images-e2e")
     first = dispatcher(env, "images", str(spec), timeout=2400)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     second = dispatcher(env, "images", str(spec), timeout=600)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    import psycopg
-
-    with psycopg.connect(database_url) as conn:
-        refs = dict(conn.execute("SELECT DISTINCT ON (instance_id) instance_id, ref FROM task_images"
-                                 " WHERE registry = %s ORDER BY instance_id, built_at DESC", (local_registry,)))
-    return first.stdout, second.stdout, refs
+    return first.stdout, second.stdout, recorded(database_url, "")
 
 
 def sh(image: str, script: str) -> str:
@@ -50,21 +54,37 @@ def sh(image: str, script: str) -> str:
     return p.stdout
 
 
-def test_every_instance_gets_its_task_image_once(built, local_registry):
+def test_every_instance_gets_its_task_image_once(built):
     first, second, refs = built
     n = len(instances())
     made = re.search(r"\b(\d+) built, (\d+) reused, 0 missing\b", first)  # built here, or by an earlier session
     assert made and int(made[1]) + int(made[2]) == n, first[-2000:]
     assert re.search(rf"\b0 built, {n} reused, 0 missing\b", second), second[-2000:]  # nothing rebuilt
     assert set(refs) == {r["instance_id"] for r in instances()}
-    for ref in refs.values():
-        assert ref.startswith(f"{local_registry}/evalplane/task@sha256:"), ref  # run by digest, from the registry
+    assert all(ref.startswith("sha256:") for ref in refs.values())  # the local engine's image ids
+
+
+def test_a_task_image_goes_to_the_registry_and_runs_by_digest(built, local_registry, tmp_path, database_url,
+                                                             docker_engine):
+    """With [images] registry, the image is pushed and recorded by digest; a host without it pulls exactly that."""
+    import os
+
+    row = instances()[-1]
+    spec = images_spec(tmp_path, "images-registry", f'\n[images]\nregistry = "{local_registry}"\n')
+    spec.write_text(spec.read_text().replace("[budget]", f'ids = ["{row["instance_id"]}"]\n\n[budget]', 1))
+    p = dispatcher(os.environ | {"DATABASE_URL": database_url}, "images", str(spec), timeout=1200)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    ref = recorded(database_url, local_registry)[row["instance_id"]]
+    assert ref.startswith(f"{local_registry}/evalplane/task@sha256:"), ref
+    pulled = docker_engine.images.pull(ref)
+    assert pulled.id == docker_engine.images.get(built[2][row["instance_id"]]).id  # the very image built locally
+    assert sh(ref, "git -C /testbed rev-parse HEAD").strip() == row["base_commit"]
 
 
 def test_a_task_image_is_its_instance_image_plus_the_runtime(built, docker_engine):
     row = instances()[0]
     ref = built[2][row["instance_id"]]
-    task = docker_engine.images.pull(ref)  # by digest, from the registry
+    task = docker_engine.images.get(ref)
     base = docker_engine.images.get(row["image"])
     assert task.attrs["RootFS"]["Layers"][:len(base.attrs["RootFS"]["Layers"])] == base.attrs["RootFS"]["Layers"]
     assert task.attrs["Config"]["Entrypoint"] == task_shape.ENTRYPOINT
