@@ -86,11 +86,13 @@ result_wait_s = {result_wait_s}
     return name, spec, motos
 
 
-def landing_ratio(sample: int, batches: int) -> tuple[float, float, float]:
-    """Writer rows/s (decoding the message bodies and landing them, as poll_once does) vs raw COPY rows/s of the
-    same rows (values prepared beforehand), same PostgreSQL, side by side, in a database of their own: both
-    tables start empty (the run's 200,000 ledger rows would make the writer's indexes the larger). The bodies are
-    the run's mix."""
+def landing_ratio(sample: int, batches: int) -> dict[str, float]:
+    """Writer rows/s (decoding the message bodies and landing them, as poll_once does with a full batch: the rate
+    matters when the writers are behind, and then the queue holds a full batch) vs raw COPY rows/s of the same rows
+    (values prepared beforehand), same PostgreSQL, side by side, in a database of their own: both tables start
+    empty (the run's 200,000 ledger rows would make the writer's indexes the larger). The bodies are the run's mix.
+    Beside the wall-clock rates, the CPU seconds each side cost (this process and its PostgreSQL backend), which a
+    loaded machine stretches less than wall time."""
     name = f"ep_bench_landing_{uuid.uuid4().hex[:6]}"
     with psycopg.connect(BASE_DB, autocommit=True) as c:
         c.execute(f'CREATE DATABASE "{name}"')
@@ -101,7 +103,21 @@ def landing_ratio(sample: int, batches: int) -> tuple[float, float, float]:
             c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def _landing_ratio(db_url: str, sample: int, batches: int) -> tuple[float, float, float]:
+def _backend_cpu_s(conn) -> float | None:
+    """CPU seconds the connection's PostgreSQL backend has used (None unless the server runs on this machine)."""
+    try:
+        fields = Path(f"/proc/{conn.info.backend_pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cpu_s(*conns) -> float | None:
+    backend = [_backend_cpu_s(c) for c in conns]
+    return None if None in backend else time.process_time() + sum(backend)
+
+
+def _landing_ratio(db_url: str, sample: int, batches: int) -> dict[str, float]:
     from psycopg.types.json import Jsonb
     from sim_launcher import messages
 
@@ -129,7 +145,10 @@ def _landing_ratio(db_url: str, sample: int, batches: int) -> tuple[float, float
     res = resources.RunResources(run=run, bucket="b", results_queue_url="q", eval_queue_url="e",
                                  results_dlq_url="d", eval_dlq_url="d")
     writer = ResultsWriter(res, db_url)
+    size = ResultsWriter.BATCH_MESSAGES
     writer_s = copy_s = 0.0
+    writer_cpu: float | None = 0.0
+    copy_cpu: float | None = 0.0
     rounds = 5  # interleaved, so a noisy moment on this shared machine hits both sides
     with psycopg.connect(db_url) as c:
         c.execute("CREATE TABLE calls_copy (LIKE calls INCLUDING ALL)")  # same keys and indexes as calls
@@ -138,15 +157,16 @@ def _landing_ratio(db_url: str, sample: int, batches: int) -> tuple[float, float
         step = -(-len(envs) // rounds)
         for k in range(0, len(envs), step):
             part = envs[k:k + step]
-            t = time.perf_counter()
-            for i in range(k, k + len(part), 50):  # as the writer does: decode up to 5 receives of 10, land them
-                writer.land([Incoming.decode(b) for b in bodies[i:min(i + 50, k + len(part))]])
+            t, cpu = time.perf_counter(), _cpu_s(writer.conn)
+            for i in range(k, k + len(part), size):  # as poll_once does: decode a batch's bodies, land them
+                writer.land([Incoming.decode(b) for b in bodies[i:min(i + size, k + len(part))]])
             writer_s += time.perf_counter() - t
+            writer_cpu = None if cpu is None or writer_cpu is None else writer_cpu + _cpu_s(writer.conn) - cpu
             calls = [copy_row(r) for e in part for r in
                      (e.msg.rows if e.msg.kind == "ledger" else e.msg.ledger if e.msg.kind == "attempt_result" else [])]
             atts = [(run, e.msg.ref.instance_id, 1, "h", "p", "m", "submitted", "EMPTY_PATCH")
                     for e in part if e.msg.kind == "attempt_result"]
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), _cpu_s(c)
             with c.cursor() as cur:
                 with cur.copy(f"COPY calls_copy ({', '.join(_CALL_COLUMNS)}) FROM STDIN") as cp:
                     for r in calls:
@@ -157,7 +177,11 @@ def _landing_ratio(db_url: str, sample: int, batches: int) -> tuple[float, float
                         cp.write_row(r)
             c.commit()
             copy_s += time.perf_counter() - t
-    return n_rows / writer_s, n_rows / copy_s, (n_rows / writer_s) / (n_rows / copy_s)
+            copy_cpu = None if cpu is None or copy_cpu is None else copy_cpu + _cpu_s(c) - cpu
+    writer.close()
+    return {"writer": n_rows / writer_s, "copy": n_rows / copy_s, "ratio": copy_s / writer_s,
+            "cpu_ratio": copy_cpu / writer_cpu if writer_cpu and copy_cpu else float("nan"), "rows": n_rows,
+            "batch": size}
 
 
 def stand_in_alone(sample: int, batches: int) -> tuple[int, float]:
@@ -238,6 +262,7 @@ def main() -> int:
     ap.add_argument("--landing-sample", type=int, default=2000)
     ap.add_argument("--stand-in-sample", type=int, default=2000, help="tasks' messages the stand-in moves alone")
     args = ap.parse_args()
+    load_start = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="bench-dispatch-"))
     os.environ["EVALPLANE_STATE_DIR"] = str(tmp / "state")
     dbname, spec_path, motos = setup(tmp, args.attempts, args.concurrency, args.result_wait_s)
@@ -324,17 +349,21 @@ def main() -> int:
         marks["last row landed"] = float(last_row) - wall0
         busy_w: dict[str, float] = {}
         landed_w: dict[str, int] = {}
+        polls = redelivered = 0
         for s in ray.get([w.stop.remote() for w in writers]):
             for k, v in s["busy_s"].items():
                 busy_w[k] = busy_w.get(k, 0.0) + v
             for k, v in s["landed"].items():
                 landed_w[k] = landed_w.get(k, 0) + v
+            polls += s["batches"]
+            redelivered += s["redelivered_batches"]
         launcher.close()
 
         live_all = [d for d, live in passes if live >= n]
         print(f"dispatch benchmark: {n} attempts, concurrency {args.concurrency}, harness {args.task_s:g}-"
               f"{args.task_s * 1.25:g} s a task, {CALLS_PER_TASK} calls each ({args.batches} ledger batches while it"
-              f" runs, then its result), {args.drop} results dropped; {os.cpu_count()} cores, shared")
+              f" runs, then its result), {args.drop} results dropped; {os.cpu_count()} cores, shared: load average"
+              f" {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the run's end")
         print("  timeline:")
         for k, v in sorted(marks.items(), key=lambda kv: kv[1]):
             print(f"    {k:<40} at {v:7.1f} s")
@@ -359,14 +388,19 @@ def main() -> int:
         gap = marks["last row landed"] - marks.get("last result sent", marks["last row landed"])
         print(f"  last result sent -> last row landed: {gap:.1f} s (target <= 30 s: {verdict(gap <= 30)}); the writers"
               f" were at most {backlog[0]} results behind the tasks (at {backlog[1]:.0f} s)")
-        w_rate, c_rate, ratio = landing_ratio(args.landing_sample, args.batches)
-        print(f"  writer landing {w_rate:,.0f} rows/s vs raw COPY {c_rate:,.0f} rows/s: ratio {ratio:.2f}"
-              f" (target >= 0.5: {verdict(ratio >= 0.5)})")
+        load_before = os.getloadavg()[0]
+        lr = landing_ratio(args.landing_sample, args.batches)
+        print(f"  writer landing {lr['writer']:,.0f} rows/s vs raw COPY {lr['copy']:,.0f} rows/s: ratio"
+              f" {lr['ratio']:.2f} (target >= 0.5: {verdict(lr['ratio'] >= 0.5)}); {lr['rows']:,} rows in batches of"
+              f" {lr['batch']} messages; CPU seconds (this process and its PostgreSQL backend), raw COPY / writer:"
+              f" {lr['cpu_ratio']:.2f}; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
+              f" ({os.cpu_count()} cores)")
         stand_in = busy_w.get("receive", 0) + busy_w.get("delete", 0)
         own = busy_w.get("decode", 0) + busy_w.get("land", 0)
         msgs = sum(landed_w.values())
-        print(f"  results writers ({len(writers)}): {msgs} messages; time in the SQS stand-in (receive, waiting for"
-              f" messages included, and delete) {stand_in:.1f} s, in their own work (decode, land) {own:.1f} s: "
+        print(f"  results writers ({len(writers)}): {msgs} messages in {polls} batches ({msgs / max(polls, 1):.1f} a"
+              f" batch; {redelivered} landed again for a repeated row); time in the SQS stand-in (receive, waiting"
+              f" for messages included, and delete) {stand_in:.1f} s, in their own work (decode, land) {own:.1f} s: "
               + ", ".join(f"{k} {v:.1f} s" for k, v in busy_w.items()))
         print(f"  fleet: {st.get('messages_sent')} messages in {st.get('send_calls')} SendMessageBatch calls,"
               f" {st.get('send_busy_s', 0):.1f} s of sender time")

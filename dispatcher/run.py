@@ -6,8 +6,10 @@ alive (its progress key in Valkey is fresh) are waited for, not launched twice.
 
 The run always ends: every attempt's row lands from what its task sent, or, once its task is gone and the row has
 not landed within a bound, from what its task left in S3 (its result's copy, else an infra_error lost_result with
-its ledger copy's rows), landed by the driver itself (`_resolve`). Nothing the loop waits on is a state that
-cannot change.
+its ledger copy's rows), landed by the driver itself (`_resolve`). Grading too: a patch whose verdict does not come
+within eval.verdict_wait_s of the last sign that a grader may still hold its job, or whose eval job went to the
+dead-letter queue, lands as infra_error (verdict_lost) (`_await_verdicts`). Nothing the loop waits on is a state
+that cannot change.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 import psycopg
 import ray
 import redis
+from botocore.exceptions import ClientError
 from psycopg.types.json import Jsonb
 
 from contract import aws, db, keys, task_shape
@@ -34,6 +37,7 @@ from contract.models import (
     AttemptResult,
     CallRecord,
     Envelope,
+    EvalJob,
     HarnessOutcome,
     HarnessRef,
     Job,
@@ -58,6 +62,7 @@ log = logging.getLogger("evalplane.dispatcher")
 REAP_GRACE_S = 20.0  # a task gone without marking its result sent is resolved after this (backend.result_wait_s if it did)
 STOP_GRACE_S = 120.0  # past its wall-time limit by this, a task is stopped from outside
 RETRY_RESOLVE_S = 10.0  # a resolution that failed (S3 or the database unreachable) is tried again after this
+VERDICT_CHECK_S = 5.0  # how often the driver looks at grading while patches wait for verdicts
 PASS_BUDGET_S = 0.5  # launching and resolving stop for the pass after this long (the rest go next pass)
 LAUNCH_CHUNK = 64  # job documents written (in parallel) and tasks launched per step within a pass
 UPSTREAM_KEY_ENV = task_shape.UPSTREAM_KEY_ENV
@@ -289,6 +294,12 @@ class DriverLoop:
         self.waiting: set[AttemptRef] = set()  # attempts an earlier dispatcher's task still holds (resume)
         self.launch_backlog = False  # the last pass stopped launching at its time budget, with room left
         self.counts: dict[str, int] = {}  # the run's rows per status, as of the last pass
+        # grading: when the eval queue last held a job (waiting, or held by a grader; a new driver assumes now),
+        # the attempts whose eval job went to the dead-letter queue (and when seen), the next look
+        self.eval_busy_at = time.monotonic()
+        self.dead_jobs: dict[AttemptRef, float] = {}
+        self._next_verdict_check = 0.0
+        self.verdicts_lost = 0
 
     def step(self, progress: Progress | None = None) -> bool:
         t0 = time.monotonic()
@@ -303,6 +314,12 @@ class DriverLoop:
         if hasattr(self.launcher, "retry_pending"):
             self.launcher.retry_pending()  # ECS: attempts not placed yet (capacity), when they are due
         self._reap(landed, now)
+        if counts.get("PATCH_READY") and now >= self._next_verdict_check:
+            self._next_verdict_check = now + VERDICT_CHECK_S
+            try:
+                self._await_verdicts(now)
+            except Exception:  # SQS or the database unreachable: the next look
+                log.exception("could not check on grading")
         if self._cancelled():
             self._cancel(landed)
             return False
@@ -486,6 +503,73 @@ class DriverLoop:
             if row and self.landed is not None:
                 self.landed[(ref.instance_id, ref.attempt)] = row[0]
         return how
+
+    def _await_verdicts(self, now: float) -> None:
+        """Patches waiting for verdicts that will never come land as infra_error (verdict_lost), so the run ends.
+
+        What the system records of a grading's life is its eval job's message: while a grader holds it, the
+        message is in flight (the grader keeps extending its visibility); a grader that dies lets it reappear for
+        another, and after resources.MAX_RECEIVES deliveries it goes to the eval dead-letter queue. So:
+        - a job in the dead-letter queue: its attempt lands as verdict_lost once eval.verdict_wait_s has passed
+          (a verdict one of its graders sent may still be on its way);
+        - a verdict lost after its job was done (the grader deleted the job): the job is in neither queue, and
+          the run's eval queue empties once the other jobs are graded. An attempt still PATCH_READY
+          eval.verdict_wait_s after the eval queue was last seen holding a job, and as long after its own job was
+          sent, lands as verdict_lost. Slow grading never trips it: its job is in flight all along.
+        A patch committed whose job never went out (the writer failed between the two) is sent again instead."""
+        bound = self.plan.spec.eval.verdict_wait_s
+        run = self.plan.spec.run.name
+        sqs = aws.client("sqs")
+        for _ in range(10):  # the dead-letter queue, ten a call: noted, then deleted (the note is the driver's)
+            msgs = sqs.receive_message(QueueUrl=self.res.eval_dlq_url, MaxNumberOfMessages=10,
+                                       WaitTimeSeconds=0).get("Messages", [])
+            for m in msgs:
+                try:
+                    ref = EvalJob.model_validate_json(m["Body"]).ref
+                    if ref.run == run:
+                        self.dead_jobs.setdefault(ref, now)
+                except ValueError as e:
+                    log.error("not an eval job in the eval dead-letter queue, dropped: %s", e)
+            if msgs:
+                sqs.delete_message_batch(QueueUrl=self.res.eval_dlq_url, Entries=[
+                    {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(msgs)])
+            if len(msgs) < 10:
+                break
+        dead = [ref for ref, seen in self.dead_jobs.items() if now - seen >= bound]
+        if dead:
+            self._land_verdicts_lost(dead, f"its eval job went to the dead-letter queue after"
+                                           f" {resources.MAX_RECEIVES} deliveries (its graders died or failed)")
+            for ref in dead:
+                del self.dead_jobs[ref]
+        attrs = sqs.get_queue_attributes(QueueUrl=self.res.eval_queue_url, AttributeNames=[
+            "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateNumberOfMessagesDelayed"])["Attributes"]
+        if any(int(v) for v in attrs.values()):
+            self.eval_busy_at = now
+            return
+        if now - self.eval_busy_at < bound:
+            return
+        rows = self.conn.execute(
+            "SELECT instance_id, attempt, eval_enqueued_at IS NULL AND patch_uri IS NOT NULL FROM attempts"
+            " WHERE run = %s AND status = 'PATCH_READY'"
+            " AND coalesce(eval_enqueued_at, landed_at) < now() - make_interval(secs => %s)",
+            (run, bound)).fetchall()
+        self.conn.commit()
+        lost = [AttemptRef(run=run, instance_id=i, attempt=a) for i, a, unsent in rows if not unsent]
+        for ref in (AttemptRef(run=run, instance_id=i, attempt=a) for i, a, unsent in rows if unsent):
+            log.warning("%s: its patch was never sent to grading; sending it now", ref.slug)
+            try:
+                self.resolver.enqueue_eval([ref])
+            except (ClientError, ValueError) as e:  # its job document gone or unreadable: no grading will come
+                self._land_verdicts_lost([ref], f"its eval job could not be sent: {e}")
+        if lost:
+            self._land_verdicts_lost(lost, f"no verdict within {bound:g} s of its eval job's last sign of life (the"
+                                           f" run's eval queue held no job for that long)")
+
+    def _land_verdicts_lost(self, refs: list[AttemptRef], why: str) -> None:
+        for ref in self.resolver.land_verdicts_lost(refs, why):
+            self.verdicts_lost += 1
+            log.warning("%s: landed as infra_error (verdict_lost: %s)", ref.slug, why)
 
     def _results_sent(self, refs: list[AttemptRef]) -> list[bool]:
         """Whether each task marked its progress key done, which it does once its result is on the queue: then the

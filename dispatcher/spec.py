@@ -169,6 +169,10 @@ class EvalSpec(Strict):
         "off", description="instances whose image has no valid gold validation: run anyway, exclude, or refuse")
     workers: int = Field(1, ge=1, le=1000)
     timeout_s: float = Field(1800, gt=0)
+    verdict_wait_s: float = Field(300, gt=0, description=(
+        "the longest a patch's verdict may take to land once no eval job of the run is waiting or held by a grader"
+        " (and this long after its job was sent); then the attempt lands as infra_error (verdict_lost), as it does"
+        " when its eval job reaches the eval dead-letter queue"))
 
 
 class SimulatorSpec(Strict):

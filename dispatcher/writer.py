@@ -10,6 +10,11 @@ Order per batch: land every message's rows in one transaction and commit; enqueu
 attempts that just became PATCH_READY and mark them enqueued; only then delete the messages. A crash
 anywhere re-delivers the batch and the unique keys absorb the repeats; `sweep()` re-enqueues eval
 jobs that were committed but never sent.
+
+A batch is what the queue holds, up to BATCH_MESSAGES: each transaction and each round trip is paid once per batch,
+not per ten messages, once the writers are behind (when their rate matters). A transaction is BEGIN, one COPY of
+every ledger row, one statement for every attempt row, COMMIT (and a verdict's update); a ledger row already
+landed (a redelivered message) fails the COPY, and the batch is landed again through the staging table.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from contract.models import (
     Job,
     LedgerBatch,
     Verdict,
+    utcnow,
 )
 from dispatcher.resources import RunResources
 
@@ -141,6 +147,8 @@ SELECT run, instance_id, attempt, status FROM new
 """
 
 
+VERDICT_LOST = "verdict_lost"  # the infra_failure_reason of an attempt whose verdict never came
+
 _VERDICT_STATUS = {
     EvalOutcome.RESOLVED: AttemptStatus.RESOLVED,
     EvalOutcome.UNRESOLVED: AttemptStatus.UNRESOLVED,
@@ -149,12 +157,16 @@ _VERDICT_STATUS = {
 
 
 class ResultsWriter:
+    BATCH_MESSAGES = 400  # the most messages a poll lands in one transaction
+
     def __init__(self, res: RunResources, database_url: str, eval_timeout_s: float = 1800.0):
         self.res = res
         self.database_url = database_url
         self.eval_timeout_s = eval_timeout_s
         self.landed = {"ledger": 0, "attempt_result": 0, "verdict": 0}
         self.busy_s = {"receive": 0.0, "decode": 0.0, "land": 0.0, "enqueue eval": 0.0, "delete": 0.0}
+        self.batches = 0  # polls that landed something (landed messages / batches: how full the batches ran)
+        self.redelivered_batches = 0  # batches landed again through the staging table (a ledger row was in)
         self._conn: psycopg.Connection | None = None
 
     @property
@@ -171,37 +183,39 @@ class ResultsWriter:
     def land(self, messages: list[Incoming | Envelope]) -> list[AttemptRef]:
         """Land a batch in one transaction; return the attempts that became PATCH_READY."""
         batch = [m if isinstance(m, Incoming) else Incoming.of(m) for m in messages]
+        rows = [r for m in batch for r in m.rows]
+        try:
+            ready = self._land(batch, rows, redelivered=False)
+        except psycopg.errors.UniqueViolation:  # a ledger row is in already: the same batch, absorbing repeats
+            self.redelivered_batches += 1
+            ready = self._land(batch, rows, redelivered=True)
+        for m in batch:
+            self.landed[m.kind] += 1
+        return ready
+
+    def _land(self, batch: list[Incoming], rows: list[dict[str, Any]], redelivered: bool) -> list[AttemptRef]:
         ready: list[AttemptRef] = []
         with self.conn.transaction(), self.conn.cursor() as cur:
-            rows = [r for m in batch for r in m.rows]
             if rows:
-                self._copy_calls(cur, rows)
+                self._copy_calls(cur, rows, redelivered)
             results = [m.msg for m in batch if isinstance(m.msg, AttemptResult)]
             if results:
                 ready = self._land_attempts(cur, results)
             for m in batch:
                 if isinstance(m.msg, Verdict):
                     self._land_verdict(cur, m.msg)
-        for m in batch:
-            self.landed[m.kind] += 1
         return ready
 
     @staticmethod
-    def _copy_calls(cur, rows: list[dict[str, Any]]) -> None:
-        """COPY straight into the ledger; only if a row is already there (a redelivered message) COPY into a
-        staging table and INSERT .. ON CONFLICT DO NOTHING from it, so the call_id key absorbs the repeat."""
-        values = [_copy_values(r) for r in rows]
-        try:
-            with cur.connection.transaction(), cur.copy(_COPY_CALLS) as copy:  # a savepoint: cheap to fail
-                for v in values:
-                    copy.write_row(v)
-            return
-        except psycopg.errors.UniqueViolation:
-            pass
-        with cur.copy(_COPY_STAGE) as copy:
-            for v in values:
-                copy.write_row(v)
-        cur.execute("INSERT INTO calls SELECT * FROM calls_stage ON CONFLICT (call_id) DO NOTHING")
+    def _copy_calls(cur, rows: list[dict[str, Any]], redelivered: bool) -> None:
+        """COPY straight into the ledger (a row already there fails it, and the transaction with it); for a batch
+        known to repeat rows, COPY into a staging table and INSERT .. ON CONFLICT DO NOTHING from it, so the
+        call_id key absorbs the repeats."""
+        with cur.copy(_COPY_STAGE if redelivered else _COPY_CALLS) as copy:
+            for r in rows:
+                copy.write_row(_copy_values(r))
+        if redelivered:
+            cur.execute("INSERT INTO calls SELECT * FROM calls_stage ON CONFLICT (call_id) DO NOTHING")
 
     def land_each(self, batch: list[Incoming]) -> tuple[list[AttemptRef], set[int]]:
         """Land a refused batch one message at a time; returns what became PATCH_READY and the indexes of the
@@ -252,20 +266,39 @@ class ResultsWriter:
         return [AttemptRef(run=r, instance_id=i, attempt=a) for r, i, a, st in cur.fetchall()
                 if st == AttemptStatus.PATCH_READY.value]
 
-    def _land_verdict(self, cur, v: Verdict) -> None:
+    def land_verdicts_lost(self, refs: list[AttemptRef], why: str) -> list[AttemptRef]:
+        """Attempts whose verdict will never come (its grader died, or its message was lost): infra_error with the
+        report entry of an infrastructure failure (reason verdict_lost), never the model's. A verdict that landed
+        first stays, and one that comes later changes nothing (only a PATCH_READY row takes a verdict). Returns
+        the attempts this landed."""
+        from eval_worker.grading import infra_entry
+
+        now = utcnow()
+        landed = []
+        with self.conn.transaction(), self.conn.cursor() as cur:
+            for ref in refs:
+                v = Verdict(ref=ref, outcome=EvalOutcome.INFRA_ERROR, resolved=False, report=infra_entry(VERDICT_LOST),
+                            reason=f"{VERDICT_LOST}: {why}", started_at=now, ended_at=now)
+                if self._land_verdict(cur, v):
+                    landed.append(ref)
+        return landed
+
+    def _land_verdict(self, cur, v: Verdict) -> bool:
         status = _VERDICT_STATUS.get(v.outcome, AttemptStatus.EVAL_ERROR)
         cur.execute(
             """UPDATE attempts SET status = %s, eval_outcome = %s, resolved = %s, report = %s
                WHERE run = %s AND instance_id = %s AND attempt = %s AND status = 'PATCH_READY'""",
             (status.value, v.outcome.value, v.resolved, Jsonb(v.report), v.ref.run, v.ref.instance_id, v.ref.attempt),
         )
-        if cur.rowcount:
-            cur.execute(
-                "INSERT INTO phases (run, instance_id, attempt, phase, started_at, ended_at, outcome, detail)"
-                " VALUES (%s,%s,%s,'eval',%s,%s,%s,%s) ON CONFLICT DO NOTHING",
-                (v.ref.run, v.ref.instance_id, v.ref.attempt, v.started_at, v.ended_at, v.outcome.value,
-                 Jsonb({"reason": v.reason, "report_uri": v.report_uri})),
-            )
+        if not cur.rowcount:
+            return False
+        cur.execute(
+            "INSERT INTO phases (run, instance_id, attempt, phase, started_at, ended_at, outcome, detail)"
+            " VALUES (%s,%s,%s,'eval',%s,%s,%s,%s) ON CONFLICT DO NOTHING",
+            (v.ref.run, v.ref.instance_id, v.ref.attempt, v.started_at, v.ended_at, v.outcome.value,
+             Jsonb({"reason": v.reason, "report_uri": v.report_uri})),
+        )
+        return True
 
     def ledger_copy(self, ref: AttemptRef) -> list[dict[str, Any]]:
         """The rows of the task's S3 ledger copy ([] if it left none, or an unreadable one)."""
@@ -287,7 +320,7 @@ class ResultsWriter:
                 continue
             try:
                 with self.conn.transaction(), self.conn.cursor() as cur:
-                    self._copy_calls(cur, rows)
+                    self._copy_calls(cur, rows, redelivered=True)  # some came in batches already
             except (psycopg.DataError, psycopg.IntegrityError) as e:
                 log.error("the S3 ledger copy of %s was refused, not recovered: %s", ref.slug, e)
                 continue
@@ -378,19 +411,23 @@ class ResultsWriter:
 
     # ------------------------------------------------------------ the loop
 
-    def poll_once(self, wait_s: int = 1, max_receives: int = 5) -> int:
-        """Receive up to max_receives x 10 messages (waiting only for the first ten), land them in one transaction."""
+    def poll_once(self, wait_s: int = 1, max_messages: int | None = None) -> int:
+        """Receive what the queue holds, ten a call, up to max_messages (BATCH_MESSAGES; waiting only for the first
+        ten), and land it in one transaction."""
         sqs = aws.client("sqs")
+        limit = max_messages or self.BATCH_MESSAGES
         msgs: list[dict] = []
         t = time.monotonic()
-        for i in range(max_receives):
-            got = sqs.receive_message(QueueUrl=self.res.results_queue_url, MaxNumberOfMessages=10,
-                                      WaitTimeSeconds=wait_s if i == 0 else 0).get("Messages", [])
+        while len(msgs) < limit:
+            got = sqs.receive_message(QueueUrl=self.res.results_queue_url,
+                                      MaxNumberOfMessages=min(10, limit - len(msgs)),
+                                      WaitTimeSeconds=0 if msgs else wait_s).get("Messages", [])
             msgs += got
             if len(got) < 10:
                 break
         if not msgs:
             return 0
+        self.batches += 1
         t = self._clock("receive", t)
         batch, keep = [], []
         for m in msgs:
@@ -437,6 +474,7 @@ class ResultsWriter:
             self._conn.close()
 
     def state(self) -> dict:
-        return {"run": self.res.run, "landed": dict(self.landed),
+        return {"run": self.res.run, "landed": dict(self.landed), "batches": self.batches,
+                "redelivered_batches": self.redelivered_batches,
                 "busy_s": {k: round(v, 3) for k, v in self.busy_s.items()}}
 

@@ -214,3 +214,24 @@ def test_infrastructure_failures_land_as_such_never_graded_nor_as_empty_patches(
     drain(writer)
     rows = dict(pg.execute("SELECT instance_id, status FROM attempts WHERE run=%s", (res.run,)).fetchall())
     assert rows == {"a__b-20": "INFRA_ERROR", "a__b-21": "INFRA_ERROR", "a__b-22": "INFRA_ERROR"}
+
+
+def test_a_batch_with_a_row_already_landed_lands_again_whole_through_the_staging_table(run, pg):
+    """No savepoint guards the COPY: a redelivered message's row fails the batch's transaction, and the batch is
+    landed again in a new one through the staging table; its new rows and attempt land once, the repeat is absorbed,
+    and only that batch pays the second transaction."""
+    res, writer = run
+    old, new = (AttemptRef(run=res.run, instance_id=f"a__b-{i}", attempt=1) for i in (30, 31))
+    first = LedgerBatch(ref=old, rows=calls(old, 2))
+    send_all(res, [first])
+    drain(writer)
+    assert writer.redelivered_batches == 0
+    send_all(res, [LedgerBatch(ref=new, rows=calls(new, 3)), first, result(new, 0).model_copy(
+        update={"ledger": calls(new, 4)[3:]})])  # the repeat in the middle of a batch with new rows and a result
+    assert writer.poll_once(wait_s=0) == 3
+    assert writer.redelivered_batches == 1
+    got = dict(pg.execute("SELECT instance_id, count(*) FROM calls WHERE run=%s GROUP BY 1", (res.run,)).fetchall())
+    assert got == {"a__b-30": 2, "a__b-31": 4}
+    assert pg.execute("SELECT status FROM attempts WHERE run=%s AND instance_id='a__b-31'",
+                      (res.run,)).fetchone() == ("EMPTY_PATCH",)
+    assert writer.state()["batches"] == 2
