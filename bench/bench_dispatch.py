@@ -89,18 +89,23 @@ result_wait_s = {result_wait_s}
 def landing_ratio(sample: int, batches: int) -> dict[str, float]:
     """Writer rows/s (decoding the message bodies and landing them, as poll_once does with a full batch: the rate
     matters when the writers are behind, and then the queue holds a full batch) vs raw COPY rows/s of the same rows
-    (values prepared beforehand), same PostgreSQL, side by side, in a database of their own: both tables start
-    empty (the run's 200,000 ledger rows would make the writer's indexes the larger). The bodies are the run's mix.
-    Beside the wall-clock rates, the CPU seconds each side cost (this process and its PostgreSQL backend), which a
-    loaded machine stretches less than wall time."""
-    name = f"ep_bench_landing_{uuid.uuid4().hex[:6]}"
+    into the same tables (values prepared beforehand: ledger rows into calls, attempt rows with every column the
+    writer fills into attempts, their harness phase rows into phases, foreign keys checked), same PostgreSQL, side by
+    side in five interleaved rounds, each side in a database of its own (the same schema, the tables empty at the
+    start: the run's 200,000 ledger rows would make the writer's indexes the larger). The bodies are the run's mix.
+    Beside it, the bench's earlier baseline (raw COPY into copies of the tables without their foreign keys, attempt
+    rows of 8 columns, no phase rows), and the CPU seconds each side cost (this process and its PostgreSQL backend),
+    which a loaded machine stretches less than wall time."""
+    names = [f"ep_bench_landing_{uuid.uuid4().hex[:6]}" for _ in range(2)]
     with psycopg.connect(BASE_DB, autocommit=True) as c:
-        c.execute(f'CREATE DATABASE "{name}"')
+        for name in names:
+            c.execute(f'CREATE DATABASE "{name}"')
     try:
-        return _landing_ratio(BASE_DB.rsplit("/", 1)[0] + "/" + name, sample, batches)
+        return _landing_ratio(*(BASE_DB.rsplit("/", 1)[0] + "/" + name for name in names), sample, batches)
     finally:
         with psycopg.connect(BASE_DB, autocommit=True) as c:
-            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            for name in names:
+                c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _backend_cpu_s(conn) -> float | None:
@@ -117,71 +122,98 @@ def _cpu_s(*conns) -> float | None:
     return None if None in backend else time.process_time() + sum(backend)
 
 
-def _landing_ratio(db_url: str, sample: int, batches: int) -> dict[str, float]:
+class _Side:
+    """One side of the comparison: its wall and CPU seconds."""
+
+    def __init__(self, conn):
+        self.conn, self.wall, self.cpu = conn, 0.0, 0.0
+
+    def __enter__(self):
+        self.t, self.c = time.perf_counter(), _cpu_s(self.conn)
+        return self
+
+    def __exit__(self, *exc):
+        self.wall += time.perf_counter() - self.t
+        c = _cpu_s(self.conn)
+        self.cpu = None if c is None or self.c is None or self.cpu is None else self.cpu + c - self.c
+
+
+def _landing_ratio(writer_db: str, copy_db: str, sample: int, batches: int) -> dict[str, float]:
     from psycopg.types.json import Jsonb
     from sim_launcher import messages
 
     from contract import db
-    from contract.models import AttemptRef, Envelope
+    from contract.models import AttemptRef, AttemptResult, Envelope
     from dispatcher import resources
-    from dispatcher.writer import _CALL_COLUMNS, Incoming, ResultsWriter
-
-    with psycopg.connect(db_url) as c:
-        db.migrate(c)
-
-    def copy_row(r) -> tuple:  # what COPY needs: the values, JSON as Jsonb
-        return tuple(Jsonb(v) if isinstance(v, dict) else v for v in (getattr(r, c) for c in _CALL_COLUMNS))
+    from dispatcher.writer import _ATTEMPT_COLUMNS, _CALL_COLUMNS, Incoming, ResultsWriter
 
     run = f"landing-{uuid.uuid4().hex[:6]}"
-    with psycopg.connect(db_url) as c:
-        c.execute("INSERT INTO runs (run, spec, spec_hash, backend, attempts) VALUES (%s, '{}', 'h', 'local', %s)",
-                  (run, sample))
+    for url in (writer_db, copy_db):
+        with psycopg.connect(url) as c:
+            db.migrate(c)
+            c.execute("INSERT INTO runs (run, spec, spec_hash, backend, attempts) VALUES (%s, '{}', 'h', 'local', %s)",
+                      (run, sample))
     rng = random.Random(7)
     bodies = [b for i in range(sample) for b in messages(AttemptRef(run=run, instance_id=f"x-{i}", attempt=1), "p",
                                                           "claude-sonnet-4-5", rng, batches)]
     random.Random(8).shuffle(bodies)  # as they arrive: batches and results of many tasks interleaved
     envs = [Envelope.model_validate_json(b) for b in bodies]
     n_rows = sum(len(e.msg.rows) if e.msg.kind == "ledger" else 1 + len(e.msg.ledger) for e in envs)
+
+    def call_row(r) -> tuple:  # what COPY needs: the values, JSON as Jsonb
+        return tuple(Jsonb(v) if isinstance(v, dict) else v for v in (getattr(r, c) for c in _CALL_COLUMNS))
+
+    def attempt_row(r: AttemptResult) -> tuple:  # every column the writer fills, with the values it lands
+        t = r.totals
+        return (run, r.ref.instance_id, r.ref.attempt, r.harness, r.pool, r.model, r.outcome.value, "EMPTY_PATCH",
+                r.patch_uri, r.patch_bytes, r.trajectory_uri, t.calls, t.input_tokens, t.cached_tokens,
+                t.cache_write_tokens, t.output_tokens, t.cost_usd, (r.ended_at - r.started_at).total_seconds(),
+                r.started_at, r.ended_at, r.error)
+
+    def phase_row(r: AttemptResult) -> tuple:
+        return (run, r.ref.instance_id, r.ref.attempt, "harness", r.started_at, r.ended_at, r.outcome.value,
+                Jsonb({"ledger_calls": r.ledger_calls, "error": r.error}))
+
+    def copy(cur, table: str, columns, rows) -> None:
+        with cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as cp:
+            for r in rows:
+                cp.write_row(r)
+
     res = resources.RunResources(run=run, bucket="b", results_queue_url="q", eval_queue_url="e",
                                  results_dlq_url="d", eval_dlq_url="d")
-    writer = ResultsWriter(res, db_url)
+    writer = ResultsWriter(res, writer_db)
     size = ResultsWriter.BATCH_MESSAGES
-    writer_s = copy_s = 0.0
-    writer_cpu: float | None = 0.0
-    copy_cpu: float | None = 0.0
-    rounds = 5  # interleaved, so a noisy moment on this shared machine hits both sides
-    with psycopg.connect(db_url) as c:
-        c.execute("CREATE TABLE calls_copy (LIKE calls INCLUDING ALL)")  # same keys and indexes as calls
-        c.execute("CREATE TABLE attempts_copy (LIKE attempts INCLUDING ALL)")
-        c.commit()
+    rounds = 5  # interleaved, so a noisy moment on this shared machine hits every side
+    with psycopg.connect(copy_db) as c, psycopg.connect(writer_db) as earlier_c:
+        earlier_c.execute("CREATE TABLE calls_copy (LIKE calls INCLUDING ALL)")  # same keys and indexes as calls
+        earlier_c.execute("CREATE TABLE attempts_copy (LIKE attempts INCLUDING ALL)")
+        earlier_c.commit()
+        w_side, c_side, e_side = _Side(writer.conn), _Side(c), _Side(earlier_c)
         step = -(-len(envs) // rounds)
         for k in range(0, len(envs), step):
             part = envs[k:k + step]
-            t, cpu = time.perf_counter(), _cpu_s(writer.conn)
-            for i in range(k, k + len(part), size):  # as poll_once does: decode a batch's bodies, land them
-                writer.land([Incoming.decode(b) for b in bodies[i:min(i + size, k + len(part))]])
-            writer_s += time.perf_counter() - t
-            writer_cpu = None if cpu is None or writer_cpu is None else writer_cpu + _cpu_s(writer.conn) - cpu
-            calls = [copy_row(r) for e in part for r in
+            with w_side:
+                for i in range(k, k + len(part), size):  # as poll_once does: decode a batch's bodies, land them
+                    writer.land([Incoming.decode(b) for b in bodies[i:min(i + size, k + len(part))]])
+            results = [e.msg for e in part if e.msg.kind == "attempt_result"]
+            calls = [call_row(r) for e in part for r in
                      (e.msg.rows if e.msg.kind == "ledger" else e.msg.ledger if e.msg.kind == "attempt_result" else [])]
-            atts = [(run, e.msg.ref.instance_id, 1, "h", "p", "m", "submitted", "EMPTY_PATCH")
-                    for e in part if e.msg.kind == "attempt_result"]
-            t, cpu = time.perf_counter(), _cpu_s(c)
-            with c.cursor() as cur:
-                with cur.copy(f"COPY calls_copy ({', '.join(_CALL_COLUMNS)}) FROM STDIN") as cp:
-                    for r in calls:
-                        cp.write_row(r)
-                with cur.copy("COPY attempts_copy (run, instance_id, attempt, harness, pool, model, outcome, status)"
-                              " FROM STDIN") as cp:
-                    for r in atts:
-                        cp.write_row(r)
-            c.commit()
-            copy_s += time.perf_counter() - t
-            copy_cpu = None if cpu is None or copy_cpu is None else copy_cpu + _cpu_s(c) - cpu
+            atts, phases = [attempt_row(r) for r in results], [phase_row(r) for r in results]
+            with c_side, c.cursor() as cur:
+                copy(cur, "calls", _CALL_COLUMNS, calls)
+                copy(cur, "attempts", _ATTEMPT_COLUMNS, atts)
+                copy(cur, "phases", ("run", "instance_id", "attempt", "phase", "started_at", "ended_at", "outcome",
+                                     "detail"), phases)
+                c.commit()
+            with e_side, earlier_c.cursor() as cur:
+                copy(cur, "calls_copy", _CALL_COLUMNS, calls)
+                copy(cur, "attempts_copy", _ATTEMPT_COLUMNS[:8], [a[:8] for a in atts])
+                earlier_c.commit()
     writer.close()
-    return {"writer": n_rows / writer_s, "copy": n_rows / copy_s, "ratio": copy_s / writer_s,
-            "cpu_ratio": copy_cpu / writer_cpu if writer_cpu and copy_cpu else float("nan"), "rows": n_rows,
-            "batch": size}
+    cpu = c_side.cpu / w_side.cpu if w_side.cpu and c_side.cpu else float("nan")
+    return {"writer": n_rows / w_side.wall, "copy": n_rows / c_side.wall, "ratio": c_side.wall / w_side.wall,
+            "cpu_ratio": cpu, "earlier_copy": n_rows / e_side.wall, "earlier_ratio": e_side.wall / w_side.wall,
+            "rows": n_rows, "batch": size}
 
 
 def stand_in_alone(sample: int, batches: int) -> tuple[int, float]:
@@ -390,11 +422,13 @@ def main() -> int:
               f" were at most {backlog[0]} results behind the tasks (at {backlog[1]:.0f} s)")
         load_before = os.getloadavg()[0]
         lr = landing_ratio(args.landing_sample, args.batches)
-        print(f"  writer landing {lr['writer']:,.0f} rows/s vs raw COPY {lr['copy']:,.0f} rows/s: ratio"
-              f" {lr['ratio']:.2f} (target >= 0.5: {verdict(lr['ratio'] >= 0.5)}); {lr['rows']:,} rows in batches of"
-              f" {lr['batch']} messages; CPU seconds (this process and its PostgreSQL backend), raw COPY / writer:"
-              f" {lr['cpu_ratio']:.2f}; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
-              f" ({os.cpu_count()} cores)")
+        print(f"  writer landing {lr['writer']:,.0f} rows/s vs raw COPY of the same rows into the same tables"
+              f" {lr['copy']:,.0f} rows/s: ratio {lr['ratio']:.2f} (target >= 0.5: {verdict(lr['ratio'] >= 0.5)});"
+              f" {lr['rows']:,} rows, the writer's batches of {lr['batch']} messages; CPU seconds (this process and its"
+              f" PostgreSQL backend), raw COPY / writer: {lr['cpu_ratio']:.2f}; the earlier baseline (copies of the"
+              f" tables without foreign keys, 8-column attempt rows, no phase rows) {lr['earlier_copy']:,.0f} rows/s,"
+              f" ratio {lr['earlier_ratio']:.2f}; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f}"
+              f" after ({os.cpu_count()} cores)")
         stand_in = busy_w.get("receive", 0) + busy_w.get("delete", 0)
         own = busy_w.get("decode", 0) + busy_w.get("land", 0)
         msgs = sum(landed_w.values())
