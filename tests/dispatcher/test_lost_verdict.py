@@ -24,6 +24,8 @@ from moto.sqs.models import SQSBackend
 from contract import aws
 from dispatcher import resources
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[2]
 SYNTHETIC = ROOT / "examples" / "synthetic"
 VERDICT_WAIT_S = 10
