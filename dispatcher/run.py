@@ -555,7 +555,8 @@ class DriverLoop:
             " AND coalesce(eval_enqueued_at, landed_at) < now() - make_interval(secs => %s)",
             (run, bound)).fetchall()
         self.conn.commit()
-        lost = [AttemptRef(run=run, instance_id=i, attempt=a) for i, a, unsent in rows if not unsent]
+        lost = [ref for ref in (AttemptRef(run=run, instance_id=i, attempt=a) for i, a, unsent in rows if not unsent)
+                if ref not in self.dead_jobs]  # those land from the dead-letter queue, with that reason
         for ref in (AttemptRef(run=run, instance_id=i, attempt=a) for i, a, unsent in rows if unsent):
             log.warning("%s: its patch was never sent to grading; sending it now", ref.slug)
             try:

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import psycopg
@@ -22,9 +23,12 @@ import pytest
 from moto.sqs.models import SQSBackend
 
 from contract import aws
+from contract.models import AttemptRef, AttemptResult, Envelope, EvalOutcome, HarnessOutcome, Verdict, utcnow
 from dispatcher import resources
-
-pytestmark = pytest.mark.e2e
+from dispatcher import run as runmod
+from dispatcher.plan import make_plan
+from dispatcher.spec import load_spec
+from dispatcher.writer import ResultsWriter
 
 ROOT = Path(__file__).resolve().parents[2]
 SYNTHETIC = ROOT / "examples" / "synthetic"
@@ -34,10 +38,10 @@ DEAD = "evalplane__textkit-1"  # a gold patch: its eval job dead-lettered, never
 GRADED = {"evalplane__calc-1": "UNRESOLVED", "evalplane__textkit-2": "EMPTY_PATCH", "evalplane__textkit-3": "RESOLVED"}
 
 
-def spec_file(tmp_path: Path, run: str) -> Path:
+def spec_file(tmp_path: Path, run: str, verdict_wait_s: float = VERDICT_WAIT_S) -> Path:
     text = (ROOT / "examples" / "local.toml").read_text()
     text = text.replace('name = "local-demo"', f'name = "{run}"').replace('"synthetic/', f'"{SYNTHETIC}/')
-    text = text.replace("timeout_s = 120", f"timeout_s = 120\nverdict_wait_s = {VERDICT_WAIT_S}")
+    text = text.replace("timeout_s = 120", f"timeout_s = 120\nverdict_wait_s = {verdict_wait_s}")
     spec = tmp_path / "spec.toml"
     spec.write_text(text)
     return spec
@@ -68,6 +72,7 @@ def faults(monkeypatch, moto_endpoint, unique):
     aws.client("sqs").delete_queue(QueueUrl=sink)
 
 
+@pytest.mark.e2e
 def test_a_lost_verdict_and_a_dead_lettered_eval_job_end_as_infra_errors_and_the_run_ends(
         tmp_path, database_url, valkey_url, moto_endpoint, unique, faults):
     env = {**os.environ, "DATABASE_URL": database_url, "VALKEY_URL": valkey_url,
@@ -102,3 +107,56 @@ def test_a_lost_verdict_and_a_dead_lettered_eval_job_end_as_infra_errors_and_the
     assert report["failure_reasons"] == {LOST: "verdict_lost", DEAD: "verdict_lost"}
     assert report["resolved_ids"] == ["evalplane__textkit-3"] and report["unresolved_ids"] == ["evalplane__calc-1"]
     assert report["error_ids"] == [] and report["empty_patch_ids"] == ["evalplane__textkit-2"]
+
+
+def test_slow_grading_is_never_cut_off_and_a_verdict_lost_after_its_job_lands_once_the_queue_is_quiet(
+        tmp_path, unique, pg, valkey, database_url, moto_endpoint):
+    """The driver's side alone, on a clock it is handed: while a grader holds a job (its message in flight), no
+    attempt is declared lost, however long that takes; once the eval queue holds none for eval.verdict_wait_s, the
+    attempt whose grader deleted its job without a verdict arriving lands as verdict_lost, and a verdict that
+    comes after it changes nothing."""
+    plan = make_plan(load_spec(spec_file(tmp_path, unique, verdict_wait_s=1)))
+    runmod.open_run(pg, plan)
+    res = resources.ensure(unique)
+    slow, lost = (AttemptRef(run=unique, instance_id=i, attempt=1) for i in ("evalplane__calc-2", "evalplane__textkit-1"))
+    writer = ResultsWriter(res, database_url)
+    t = utcnow()
+    for ref in (slow, lost):
+        aws.put_text(res.job_uri(ref), runmod.make_job(plan, res, ref, "http://u.invalid", "redis://v.invalid")
+                     .model_dump_json())
+        aws.put_text(res.artifacts_prefix(ref) + "patch.diff", "diff --git a/x b/x\n")
+        writer.enqueue_eval(writer.land([Envelope(msg=AttemptResult(
+            ref=ref, harness="mini-swe-agent", pool=plan.spec.pool, model="gpt-4o-mini",
+            outcome=HarnessOutcome.SUBMITTED, patch_uri=res.artifacts_prefix(ref) + "patch.diff", patch_bytes=20,
+            started_at=t, ended_at=t))]))
+    sqs = aws.client("sqs")
+    jobs = sqs.receive_message(QueueUrl=res.eval_queue_url, MaxNumberOfMessages=10, VisibilityTimeout=600)["Messages"]
+    held = {json.loads(m["Body"])["ref"]["instance_id"]: m["ReceiptHandle"] for m in jobs}
+    assert set(held) == {slow.instance_id, lost.instance_id}
+    sqs.delete_message(QueueUrl=res.eval_queue_url, ReceiptHandle=held[lost.instance_id])  # graded; its verdict never arrives
+
+    def statuses() -> dict[str, str]:
+        got = dict(pg.execute("SELECT instance_id, status FROM attempts WHERE run = %s", (unique,)).fetchall())
+        pg.commit()
+        return got
+
+    loop = runmod.DriverLoop(plan, res, pg, valkey, None, None, None)
+    t0 = time.monotonic()
+    loop._await_verdicts(t0)
+    time.sleep(1.5)  # both jobs were sent longer ago than the bound
+    loop._await_verdicts(t0 + 1000)  # the slow one still in flight: the queue is not quiet, nothing is lost
+    assert statuses() == {slow.instance_id: "PATCH_READY", lost.instance_id: "PATCH_READY"}
+
+    writer.land([Envelope(msg=Verdict(ref=slow, outcome=EvalOutcome.RESOLVED, resolved=True, started_at=t,
+                                      ended_at=utcnow()))])  # graded at last
+    sqs.delete_message(QueueUrl=res.eval_queue_url, ReceiptHandle=held[slow.instance_id])
+    loop._await_verdicts(t0 + 1000.5)  # quiet, but not for the bound yet
+    assert statuses() == {slow.instance_id: "RESOLVED", lost.instance_id: "PATCH_READY"}
+    loop._await_verdicts(t0 + 1002)
+    assert statuses() == {slow.instance_id: "RESOLVED", lost.instance_id: "INFRA_ERROR"} and loop.verdicts_lost == 1
+    writer.land([Envelope(msg=Verdict(ref=lost, outcome=EvalOutcome.RESOLVED, resolved=True, started_at=t,
+                                      ended_at=utcnow()))])  # too late: the first to land stays
+    assert pg.execute("SELECT status, eval_outcome, report->>'infra_failure_reason' FROM attempts WHERE run = %s"
+                      " AND instance_id = %s", (unique, lost.instance_id)).fetchone() == ("INFRA_ERROR", "infra_error",
+                                                                               "verdict_lost")
+    resources.remove_queues(res)
