@@ -218,11 +218,13 @@ def _landing_ratio(writer_db: str, copy_db: str, sample: int, batches: int) -> d
 
 def stand_in_alone(sample: int, batches: int) -> tuple[int, float]:
     """The SQS stand-in moving the run's message mix for `sample` tasks with nothing landed: 8 threads sending ten a
-    call (as the fleet), 2 receiving up to 5 x 10 and deleting ten a call (as the writers). Returns (messages, s)."""
+    call (as the fleet), 2 receiving ten a call up to a writer's batch and deleting ten a call (as the writers).
+    Returns (messages, s)."""
     from sim_launcher import messages
 
     from contract import aws
     from contract.models import AttemptRef
+    from dispatcher.writer import ResultsWriter
 
     sqs = aws.client("sqs")
     url = sqs.create_queue(QueueName=f"standin-{uuid.uuid4().hex[:6]}", Attributes={"VisibilityTimeout": "120"})[
@@ -241,7 +243,7 @@ def stand_in_alone(sample: int, batches: int) -> tuple[int, float]:
     def consume() -> None:
         while True:
             msgs: list[dict] = []
-            for i in range(5):
+            for i in range(ResultsWriter.BATCH_MESSAGES // 10):
                 more = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10,
                                            WaitTimeSeconds=1 if i == 0 else 0).get("Messages", [])
                 msgs += more
