@@ -9,7 +9,9 @@ scans of the whole queue removed: `python -m dispatcher.moto_server -H HOST -p P
 - The cost: sending or receiving one message reads the queue's attributes several times, and each read counts the
   visible, in-flight and delayed messages by scanning every message in the queue (clock calls included), so a
   message cost grows with the queue's depth and a backed-up results queue collapses. Inside those operations
-  nothing uses the counts: there they read 0; GetQueueAttributes still counts.
+  nothing uses the counts: there they read 0; GetQueueAttributes still counts. Likewise a receive listed every
+  visible message (two clock reads each) to take ten: inside a receive the list is walked only as far as needed;
+  and a delete walked the whole queue twice per message: DeleteMessageBatch walks it once for its ten.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ COUNTS = ("approximate_number_of_messages", "approximate_number_of_messages_dela
           "approximate_number_of_messages_not_visible")
 MESSAGE_OPS = ("send_message", "send_message_batch", "receive_message")
 _in_message_op = threading.local()
-stock = {name: getattr(Queue, name) for name in COUNTS} | {name: getattr(SQSBackend, name) for name in MESSAGE_OPS}
+stock = {name: getattr(Queue, name) for name in (*COUNTS, "messages")} | {
+    name: getattr(SQSBackend, name) for name in (*MESSAGE_OPS, "delete_message_batch")}
 
 
 def serialized(delete):
@@ -59,6 +62,46 @@ def _message_op(op):
     return run
 
 
+class _Visible:
+    """A queue's visible messages, walked only as far as the receive reads them (and true if there is one)."""
+
+    def __init__(self, queue: Queue):
+        self.queue = queue
+
+    def __iter__(self):
+        return (m for m in self.queue._messages if m.visible and not m.delayed)
+
+    def __bool__(self) -> bool:
+        return any(True for _ in self)
+
+
+def _messages_lazily_in_message_op(messages: property) -> property:
+    def get(self: Queue):
+        return _Visible(self) if getattr(_in_message_op, "on", False) else messages.fget(self)
+
+    return property(get)
+
+
+def _delete_message_batch(self: SQSBackend, queue_name: str, receipts: list[dict]) -> tuple[list[str], list[dict]]:
+    """Queue.delete_message for every entry (under the queue's lock, as `serialized`), in one walk of the queue."""
+    queue = self.get_queue(queue_name)
+    with queue._messages_lock:
+        wanted = {r["ReceiptHandle"] for r in receipts} - queue.deleted_messages
+        kept = []
+        for m in queue._messages:
+            if wanted and any(h in wanted for h in m.all_receipt_handles):
+                queue.pending_messages.discard(m)
+                queue.deleted_messages.update(m.all_receipt_handles)
+                continue
+            kept.append(m)
+        queue._messages = kept
+        done = queue.deleted_messages
+        return [r["Id"] for r in receipts if r["ReceiptHandle"] in done], [
+            {"Id": r["Id"], "SenderFault": True, "Code": "ReceiptHandleIsInvalid",
+             "Message": f'The input receipt handle "{r["ReceiptHandle"]}" is not a valid receipt handle.'}
+            for r in receipts if r["ReceiptHandle"] not in done]
+
+
 def patch() -> None:
     """Fix moto's SQS queues in this process (idempotent)."""
     if not getattr(Queue.delete_message, "serialized", False):
@@ -69,6 +112,10 @@ def patch() -> None:
     for name in MESSAGE_OPS:
         if getattr(SQSBackend, name) is stock[name]:
             setattr(SQSBackend, name, _message_op(stock[name]))
+    if Queue.messages is stock["messages"]:
+        Queue.messages = _messages_lazily_in_message_op(stock["messages"])
+    if SQSBackend.delete_message_batch is stock["delete_message_batch"]:
+        SQSBackend.delete_message_batch = _delete_message_batch
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -81,7 +81,7 @@ def stock_moto(monkeypatch):
     """moto's SQS as it ships, restored to whatever it was after the test."""
     monkeypatch.setattr(Queue, "delete_message", moto_server.stock_delete_message)
     for name, value in moto_server.stock.items():
-        monkeypatch.setattr(Queue if name in moto_server.COUNTS else SQSBackend, name, value)
+        monkeypatch.setattr(Queue if name in vars(Queue) else SQSBackend, name, value)
 
 
 def test_the_stand_in_server_is_patched(stock_moto):
@@ -186,3 +186,34 @@ def test_the_stand_in_sends_and_receives_without_scanning_the_queue_and_still_co
     b.receive_message("q", 3, 0, 30)
     got = b.get_queue_attributes("q", ["All"])
     assert (got["ApproximateNumberOfMessages"], got["ApproximateNumberOfMessagesNotVisible"]) == (497, 4)
+
+
+def test_the_stand_in_receives_and_deletes_without_walking_the_whole_queue_and_deletes_as_moto_does(
+        stock_moto, monkeypatch):
+    """A receive reads the visible messages only as far as it takes them; a DeleteMessageBatch walks the queue once
+    for its entries: deleted, already deleted (success again), or unknown (ReceiptHandleIsInvalid), as moto answers."""
+    moto_server.patch()
+    b = SQSBackend("us-east-1", "123456789012")
+    b.create_queue("q")
+    for i in range(500):
+        b.send_message("q", f"m{i}")
+    checks = [0]
+    stock = Message.visible
+
+    def counted(self):
+        checks[0] += 1
+        return stock.fget(self)
+
+    monkeypatch.setattr(Message, "visible", property(counted))
+    got = b.receive_message("q", 10, 0, 30)
+    monkeypatch.setattr(Message, "visible", stock)
+    assert len(got) == 10 and checks[0] < 50  # not 500
+    first = b.receive_message("q", 1, 1, 30)  # a long poll with messages visible answers at once
+    assert len(first) == 1
+
+    entries = [{"Id": str(i), "ReceiptHandle": m.receipt_handle} for i, m in enumerate(got[:3])]
+    assert b.delete_message_batch("q", entries) == (["0", "1", "2"], [])
+    ok, failed = b.delete_message_batch("q", [*entries[:1], {"Id": "x", "ReceiptHandle": "not-a-handle"}])
+    assert ok == ["0"] and [(f["Id"], f["Code"]) for f in failed] == [("x", "ReceiptHandleIsInvalid")]
+    left = b.get_queue_attributes("q", ["All"])
+    assert (left["ApproximateNumberOfMessages"], left["ApproximateNumberOfMessagesNotVisible"]) == (489, 8)
