@@ -11,7 +11,8 @@ scans of the whole queue removed: `python -m dispatcher.moto_server -H HOST -p P
   message cost grows with the queue's depth and a backed-up results queue collapses. Inside those operations
   nothing uses the counts: there they read 0; GetQueueAttributes still counts. Likewise a receive listed every
   visible message (two clock reads each) to take ten: inside a receive the list is walked only as far as needed;
-  and a delete walked the whole queue twice per message: DeleteMessageBatch walks it once for its ten.
+  and a delete walked the whole queue twice per message: DeleteMessageBatch walks it once for its ten, and
+  only as far as its last message (received messages are near the front).
 """
 
 from __future__ import annotations
@@ -87,11 +88,17 @@ def _delete_message_batch(self: SQSBackend, queue_name: str, receipts: list[dict
     queue = self.get_queue(queue_name)
     with queue._messages_lock:
         wanted = {r["ReceiptHandle"] for r in receipts} - queue.deleted_messages
-        kept = []
-        for m in queue._messages:
-            if wanted and any(h in wanted for h in m.all_receipt_handles):
+        kept: list = []
+        messages = queue._messages
+        for i, m in enumerate(messages):
+            if not wanted:  # all found: the rest stays as it is (received messages are near the front)
+                kept += messages[i:]
+                break
+            handles = m.all_receipt_handles
+            if any(h in wanted for h in handles):
                 queue.pending_messages.discard(m)
-                queue.deleted_messages.update(m.all_receipt_handles)
+                queue.deleted_messages.update(handles)
+                wanted.difference_update(handles)
                 continue
             kept.append(m)
         queue._messages = kept
