@@ -218,6 +218,8 @@ class SimulatorSpec(Strict):
     otpm: int | None = Field(None, ge=1)
     tpm: int | None = Field(None, ge=1)
     error_rate: float = Field(0.0, ge=0, le=1)
+    error_statuses: list[Literal[429, 500, 503, 529]] | None = Field(
+        None, min_length=1, description="the statuses injected errors answer with (default: 429, 529, 503)")
 
     @field_validator("policy")
     @classmethod

@@ -2,7 +2,7 @@
 
 `opencode run --format json`, the task on stdin, configured by $OPENCODE_CONFIG (written here, outside /testbed):
 one provider at the shim, `"snapshot": false` (else it keeps a shadow git copy of the repository), autoupdate and
-sharing off, every tool allowed but web fetches. Its step cap is soft (it injects a message and goes on), so it caps
+sharing off, every tool allowed but web fetches, its background plugin install kept offline. Its step cap is soft (it injects a message and goes on), so it caps
 nothing itself: the shim's caps end its sessions.
 """
 
@@ -52,6 +52,9 @@ class Opencode(NpmHarness):
             "XDG_CACHE_HOME": str(home / ".cache"), "XDG_STATE_HOME": str(home / ".local/state"),
             **{f"OPENCODE_DISABLE_{k}": "1" for k in ("AUTOUPDATE", "MODELS_FETCH", "SHARE", "LSP_DOWNLOAD",
                                                       "DEFAULT_PLUGINS")},
+            # it installs its plugin package into each config folder in the background, from the npm registry:
+            # offline, its npm finds the cache empty and gives up without a connection
+            "npm_config_offline": "true",
         }
         argv = [self.executable(), "run", "--format", "json", "--model", f"{PROVIDER}/{job.model.model}"]
         return HarnessRun(argv=argv, env=env, trajectory=workdir / "trajectory.json",
