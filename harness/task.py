@@ -9,6 +9,7 @@ trajectory and ledger -> send the attempt's result to the results queue. Whateve
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ from contract.models import (
     Totals,
     utcnow,
 )
-from harness.adapters import ADAPTERS
+from harness.adapters import HarnessAdapter, load_adapter
 
 log = logging.getLogger("evalplane.task")
 UPSTREAM_KEY_ENV = task_shape.UPSTREAM_KEY_ENV
@@ -104,10 +105,11 @@ def instance_env() -> dict[str, str]:
             if not any(m in k.upper() for m in SECRET_MARKERS) and not k.startswith(PRIVATE_PREFIXES)}
 
 
-def take_patch(testbed: Path, base_commit: str) -> str:
-    """Everything the agent changed against the base commit, new files included, scratch files excluded."""
+def take_patch(testbed: Path, base_commit: str, scratch: tuple[str, ...] = ()) -> str:
+    """Everything the agent changed against the base commit, new files included, scratch files (ours and the
+    harness's) excluded."""
     git(testbed, "add", "-A")
-    for f in SCRATCH_FILES:
+    for f in (*SCRATCH_FILES, *scratch):
         git(testbed, "reset", "-q", "--", f, check=False)
     return git(testbed, "diff", "--cached", "--binary", base_commit)
 
@@ -266,15 +268,19 @@ def end_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_harness(job: Job, testbed: Path, workdir: Path, shim: Shim) -> tuple[HarnessOutcome, str | None]:
+def run_harness(job: Job, adapter: HarnessAdapter, testbed: Path, workdir: Path,
+                shim: Shim) -> tuple[HarnessOutcome, str | None]:
     """How the harness phase ended, and why where it was not the harness's own doing."""
-    adapter = ADAPTERS[job.harness.name]()
     hr = adapter.prepare(job, testbed, workdir, shim.url, shim.token, instance_env())
     assert UPSTREAM_KEY_ENV not in hr.env and "SHIM_UPSTREAM_KEY" not in hr.env
     deadline = time.monotonic() + (job.limits.wall_time_s or 1e9)
-    with open(workdir / "harness.log", "ab") as logf:
-        proc = subprocess.Popen(hr.argv, env=hr.env, cwd=testbed, stdout=logf, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+    with contextlib.ExitStack() as files:
+        logf = files.enter_context(open(workdir / "harness.log", "ab"))
+        out = files.enter_context(open(hr.stdout, "ab")) if hr.stdout else logf
+        stdin = files.enter_context(open(hr.stdin, "rb")) if hr.stdin else subprocess.DEVNULL
+        proc = subprocess.Popen(hr.argv, env=hr.env, cwd=testbed, stdout=out,
+                                stderr=subprocess.STDOUT if out is logf else logf,
+                                stdin=stdin, start_new_session=True)
         stopped, timed_out = None, False
         try:
             while proc.poll() is None:
@@ -287,6 +293,10 @@ def run_harness(job: Job, testbed: Path, workdir: Path, shim: Shim) -> tuple[Har
             if proc.poll() is None:
                 end_group(proc)
         stopped = stopped or shim.status().get("stopped")
+    try:
+        adapter.collect(hr)
+    except Exception:  # a trajectory we cannot read is a missing artifact, not a failed attempt
+        log.exception("reading the harness's trajectory failed")
     if stopped == "rate_limited":  # the provider kept refusing past every retry: never the model's failure
         return HarnessOutcome.INFRA_ERROR, "rate_limited: the upstream refused calls past the shim's retries"
     if stopped:
@@ -318,15 +328,17 @@ def main(argv: list[str]) -> int:
     testbed = Path(job.repo_source) if job.repo_source == task_shape.TESTBED else workdir / "testbed"
     started = utcnow()
     outcome, error, patch, shim_status, shim = HarnessOutcome.INFRA_ERROR, None, "", {}, None
+    adapter: HarnessAdapter | None = None
     key = os.environ.pop(UPSTREAM_KEY_ENV, "")
     heartbeat = Heartbeat(job)
     log.info("task started for %s (pid %d)", ref.slug, os.getpid())
     try:
         checkout(job, testbed)
+        adapter = load_adapter(job.harness.name)(job.harness.settings)
         shim = Shim(job, workdir, key)
         heartbeat.beat("harness")
-        outcome, error = run_harness(job, testbed, workdir, shim)
-        patch = take_patch(testbed, job.instance["base_commit"])
+        outcome, error = run_harness(job, adapter, testbed, workdir, shim)
+        patch = take_patch(testbed, job.instance["base_commit"], adapter.scratch)
     except SetupFailed as e:  # before the agent could work: an infrastructure failure, never an empty patch
         log.error("setup failed: %s", e)
         error = f"setup failed: {e}"
@@ -337,7 +349,7 @@ def main(argv: list[str]) -> int:
         error = f"{type(e).__name__}: {e}"
         outcome = HarnessOutcome.INFRA_ERROR
         try:
-            patch = take_patch(testbed, job.instance["base_commit"])
+            patch = take_patch(testbed, job.instance["base_commit"], adapter.scratch if adapter else ())
         except Exception:
             pass
     finally:
