@@ -1,10 +1,12 @@
 """OpenHands: `terminal` `{command, security_risk, summary}` (it rejects a call without `security_risk`, one of the
-levels its schema lists) beside `file_editor`, and a `finish` `{message}` tool that ends its run."""
+levels its schema lists) beside `file_editor`, and a `finish` `{message}` tool that ends its run. Looking around
+again (after the patch, until a cap) numbers each command: OpenHands ends a run as stuck after four identical
+actions with identical results."""
 
 from __future__ import annotations
 
-from simulator.action_formats.base import ShellFormat, offers
-from simulator.policy import Conversation, Reply, ToolCall
+from simulator.action_formats.base import ShellFormat, offers, pad_text
+from simulator.policy import LOOK, Conversation, Reply, ToolCall
 
 RISK = "LOW"  # a repository command or `git apply`: the level OpenHands itself gives such actions
 
@@ -25,6 +27,11 @@ class OpenHandsTerminal(ShellFormat):
         if "summary" in props:
             args["summary"] = command.splitlines()[0][:60]
         return ToolCall("terminal", args)
+
+    def look(self, conversation: Conversation, pad: int = 0, patch: str | None = None) -> Reply:
+        n = conversation.assistant_turns
+        command = LOOK if n == 0 else f"{LOOK}  # look {n + 1}"
+        return Reply(pad_text("THOUGHT: Let me look at the repository first.", pad), self.call(conversation, command))
 
     def finish(self, conversation: Conversation) -> Reply:
         return Reply("The fix is applied.", ToolCall("finish", {"message": "The fix is applied: the change is in the "
