@@ -46,6 +46,9 @@ CASES["aider"] = Case("openai", "gpt-4o-mini", attempt_usd=0.02, max_turns=3, in
     COST_CAP: {"action": "patch", "patch": with_stale_hunk(ROWS[COST_CAP]["patch"], 800), "keep_going": True},
 })
 
+# the first test builds the images and runs the dispatcher: past pytest's default 600 s on a cold machine
+pytestmark = pytest.mark.timeout(3000)
+
 
 @pytest.fixture(scope="module")
 def run(instance_images, tmp_path_factory, database_url, valkey_url, moto_endpoint):

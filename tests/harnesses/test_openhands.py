@@ -29,6 +29,10 @@ from tests.harnesses.test_seam import job
 
 CASES["openhands"] = Case("openai", "gpt-4o-mini", attempt_usd=0.08)
 
+# the first test builds the images (its layer compiles a CPython) and runs the dispatcher: past pytest's default
+# 600 s on a cold machine
+pytestmark = pytest.mark.timeout(3000)
+
 
 @pytest.fixture(scope="module")
 def run(instance_images, tmp_path_factory, database_url, valkey_url, moto_endpoint):
