@@ -159,12 +159,13 @@ class DemoPolicy:
         turn = conversation.turns_after(needle)
         if not fmt.acts:  # a request without tools (a title, a summary): text only
             return fmt.text(row, conversation)
+        patch = None if isinstance(action, Empty) else row["patch"] if isinstance(action, Gold) else action.patch
         if turn == 0:
-            return fmt.look(conversation)
-        if turn == 1 and not isinstance(action, Empty):
-            return fmt.patch(row["patch"] if isinstance(action, Gold) else action.patch, conversation)
+            return fmt.look(conversation, patch=patch)
+        if turn == 1 and patch is not None:
+            return fmt.patch(patch, conversation)
         if action.keep_going:
-            return fmt.look(conversation, pad=action.pad_chars)
+            return fmt.look(conversation, pad=action.pad_chars, patch=patch)
         return fmt.finish(conversation)
 
 

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import importlib
 
+from harness.adapters.aider import Aider
 from harness.adapters.base import Cap, HarnessAdapter, HarnessRun, HarnessSettings
 from harness.adapters.claude_code import ClaudeCode
 from harness.adapters.codex import Codex
 from harness.adapters.mini_swe_agent import MiniSweAgent
 from harness.adapters.opencode import Opencode
+from harness.adapters.openhands import OpenHands
 
 ADAPTERS: dict[str, type[HarnessAdapter]] = {
-    a.name: a for a in (MiniSweAgent, ClaudeCode, Codex, Opencode)
+    a.name: a for a in (MiniSweAgent, ClaudeCode, Codex, Opencode, Aider, OpenHands)
 }
 
 

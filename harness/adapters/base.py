@@ -31,7 +31,7 @@ Layout (a harness called NAME, module harness/adapters/NAME_WITH_UNDERSCORES.py)
   own Python, the task runner, the shim; images/task/Dockerfile.runtime) with `ARG PREFIX`, installing ONLY under
   ${PREFIX}/harness/NAME (`install_dir()`). Containers reach no package registry: whatever the layer needs is
   fetched on the host by `prepare_layer(ctx)` into the build context (npm: `npm install --prefix ctx/npm`, with
-  the machine's npm config; Python: `pip download` wheels, as dispatcher/images.py does for the runtime) and
+  the machine's npm config; Python: `pip download` wheels, as dispatcher/images.py does for the runtime; PipHarness does it) and
   COPYed in. `layer_inputs()` hashes the version, the layer folder and anything else the layer is made of:
   dispatcher/images.py keys the layer image and every task image (table task_images) by it, so a harness whose
   inputs did not change is never rebuilt.
@@ -218,6 +218,58 @@ class NpmHarness(HarnessAdapter):
     @classmethod
     def executable(cls, name: str | None = None) -> str:
         return str(cls.install_dir() / "bin" / (name or next(iter(cls.binaries))))
+
+
+class PipHarness(HarnessAdapter):
+    """A harness shipped on PyPI, for a Python other than (or pinned apart from) the runtime's own packages. Its layer
+    folder holds requirements.txt and constraints.txt (the pinned dependency closure); the host downloads their wheels
+    for `python` (containers reach no registry) into a cache under .state/wheels, once per inputs, and the layer
+    installs them with --no-index. Packages published only as source (`sdists`, pure Python) are built into wheels on
+    the host first. The layer's context also gets images/task/collect_libs.sh, for layers that build an interpreter."""
+
+    python: ClassVar[str]  # the version of the interpreter the layer runs it on (wheel tags are chosen for it)
+    sdists: ClassVar[tuple[str, ...]] = ()
+    needs_image = True
+
+    @classmethod
+    def layer_inputs(cls) -> str:
+        return hashlib.sha256((super().layer_inputs() + json.dumps([cls.python, cls.sdists])).encode()).hexdigest()
+
+    @classmethod
+    def wheels(cls) -> Path:
+        """The layer's wheels, downloaded on the host (once per inputs): a folder of .whl files."""
+        import os
+        import shutil
+        import subprocess
+        import sys
+
+        state = Path(os.environ.get("EVALPLANE_STATE_DIR", ROOT / ".state"))
+        cache = state / "wheels" / f"{cls.name}-{cls.layer_inputs()[:16]}"
+        if (cache / ".complete").exists():
+            return cache
+        shutil.rmtree(cache, ignore_errors=True)
+        cache.mkdir(parents=True)
+        req, pins = cls.layer_dir() / "requirements.txt", cls.layer_dir() / "constraints.txt"
+        pip = [sys.executable, "-m", "pip"]
+        steps = [[*pip, "wheel", "-q", "--no-deps", "--no-binary", ":all:", "-c", str(pins), "-w", str(cache), *cls.sdists]
+                 ] if cls.sdists else []
+        plat = [a for p in ("manylinux2014_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "linux_x86_64",
+                            "any") for a in ("--platform", p)]
+        steps.append([*pip, "download", "-q", "--only-binary=:all:", "--python-version", cls.python, *plat,
+                      "--find-links", str(cache), "-c", str(pins), "-r", str(req), "pip", "-d", str(cache)])
+        for argv in steps:
+            p = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+            if p.returncode != 0:
+                raise RuntimeError(f"{' '.join(argv[2:4])} for the {cls.name} layer failed: {p.stderr[-2000:]}")
+        (cache / ".complete").touch()
+        return cache
+
+    @classmethod
+    def prepare_layer(cls, ctx: Path) -> None:
+        import shutil
+
+        shutil.copytree(cls.wheels(), ctx / "wheels", ignore=shutil.ignore_patterns(".complete"))
+        shutil.copy(ROOT / "images" / "task" / "collect_libs.sh", ctx / "collect_libs.sh")
 
 
 def harness_home(workdir: Path) -> Path:

@@ -12,10 +12,12 @@ FORMATS, placed before any broader format that would also match its requests.
 
 from __future__ import annotations
 
+from simulator.action_formats.aider_udiff import AiderUdiff
 from simulator.action_formats.base import ActionFormat
 from simulator.action_formats.claude_code import ClaudeCode
 from simulator.action_formats.codex import Codex
 from simulator.action_formats.opencode import Opencode
+from simulator.action_formats.openhands_terminal import OpenHandsTerminal
 from simulator.action_formats.shell_submit import ShellSubmit
 from simulator.action_formats.text import Text
 from simulator.policy import Conversation
@@ -24,6 +26,8 @@ FORMATS: dict[str, ActionFormat] = {
     "claude-code": ClaudeCode(),
     "codex": Codex(),
     "opencode": Opencode(),
+    "openhands-terminal": OpenHandsTerminal(),
+    "aider-udiff": AiderUdiff(),
     "shell-submit": ShellSubmit(),
     "text": Text(),
 }

@@ -19,7 +19,8 @@ class ActionFormat(Protocol):
     acts: bool  # False: the request offers no way to act (answer with text only)
 
     def matches(self, conversation: Conversation) -> bool: ...
-    def look(self, conversation: Conversation, pad: int = 0) -> Reply: ...
+    def look(self, conversation: Conversation, pad: int = 0, patch: str | None = None) -> Reply:
+        """patch: the one the script applies (None: it applies none), for formats that must first ask for its files."""
     def patch(self, patch: str, conversation: Conversation) -> Reply: ...
     def finish(self, conversation: Conversation) -> Reply: ...
     def text(self, row: dict, conversation: Conversation) -> Reply: ...
@@ -68,7 +69,7 @@ class ShellFormat:
             return ToolCall(self.tool_name, {self.arg: command})
         return shell_call(conversation, command)
 
-    def look(self, conversation: Conversation, pad: int = 0) -> Reply:
+    def look(self, conversation: Conversation, pad: int = 0, patch: str | None = None) -> Reply:
         return Reply(pad_text("THOUGHT: Let me look at the repository first.", pad), self.call(conversation, LOOK))
 
     def patch(self, patch: str, conversation: Conversation) -> Reply:

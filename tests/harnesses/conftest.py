@@ -36,6 +36,8 @@ class Case:
     provider: str
     model: str
     attempt_usd: float  # above what MAX_TURNS plain turns cost this harness, below two padded ones
+    max_turns: int = MAX_TURNS
+    instances: dict | None = None  # the policy's script for some instances, where this harness needs its own
 
 
 CASES = {
@@ -123,11 +125,12 @@ def harness_run(harness: str, tmp: Path, database_url: str, valkey_url: str, mot
 
     case = CASES[harness]
     run = f"h-{harness}-{uuid.uuid4().hex[:6]}"[:40]
-    (tmp / "policy.json").write_text(json.dumps(POLICY))
+    policy = POLICY | {"instances": POLICY["instances"] | (case.instances or {})}
+    (tmp / "policy.json").write_text(json.dumps(policy))
     spec = tmp / "spec.toml"
     spec.write_text(SPEC.format(run=run, harness=harness, provider=case.provider, model=case.model,
                                 synthetic=SYNTHETIC, gold=GOLD, turn_cap=TURN_CAP, cost_cap=COST_CAP,
-                                attempt_usd=case.attempt_usd, max_turns=MAX_TURNS, policy=tmp / "policy.json"))
+                                attempt_usd=case.attempt_usd, max_turns=case.max_turns, policy=tmp / "policy.json"))
     env = os.environ | {"DATABASE_URL": database_url, "VALKEY_URL": valkey_url, "AWS_ENDPOINT_URL": moto_endpoint,
                         "EVALPLANE_STATE_DIR": str(tmp / "state"), "RAY_USAGE_STATS_ENABLED": "0"}
     # the task images first (the run would build them too; apart, the run's wall time is the run's alone)

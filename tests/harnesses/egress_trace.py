@@ -24,7 +24,7 @@ LINE = re.compile(r"^(\d+) +(.*)$")
 EXECVE = re.compile(r'^execve\("([^"]+)", \[(.*?)\]')
 # a child's pid as the tracee sees it, then (--decode-pids=pidns) as the host does: strace's line prefixes are the host's
 CHILD = re.compile(r"(?:clone3?|v?fork)\b.*= (\d+)(?: /\* (\d+) in strace's PID NS \*/)?$")
-INET = re.compile(r'sa_family=AF_INET6?, sin6?_port=htons\((\d+)\),.*?(?:inet_addr|inet_pton\(AF_INET6), )"([^"]+)"')
+INET = re.compile(r'sa_family=AF_INET6?, sin6?_port=htons\((\d+)\),.*?(?:inet_addr\(|inet_pton\(AF_INET6, )"([^"]+)"')
 BIND = re.compile(r"^bind\(")
 
 
