@@ -9,14 +9,16 @@ import sys
 from pathlib import Path
 
 from contract.models import AttemptRef
-from dispatcher.launchers.base import LaunchMeter, TaskHandle
+from dispatcher.launchers.base import AttemptEnv, LaunchMeter, TaskHandle, no_attempt_env
 
 
 class ProcessLauncher:
-    def __init__(self, log_dir: Path, env: dict[str, str]):
-        """env: the task's environment (endpoints and the run's provider key, which only the shim gets)."""
+    def __init__(self, log_dir: Path, env: dict[str, str], attempt_env: AttemptEnv = no_attempt_env):
+        """env: the task's environment (endpoints, the run's provider key, which only the shim gets, and the run's
+        Valkey user); attempt_env(ref): what one attempt's task gets besides (its attempt key)."""
         self.log_dir = log_dir
         self.env = env
+        self.attempt_env = attempt_env
         self._procs: dict[str, subprocess.Popen] = {}
         self.meter = LaunchMeter()
 
@@ -28,7 +30,7 @@ class ProcessLauncher:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "harness", job_uri],
                 stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=self.env, start_new_session=True,
+                env=self.env | self.attempt_env(ref), start_new_session=True,
             )
         self._procs[str(proc.pid)] = proc
         return TaskHandle(ref=ref, task_id=str(proc.pid))
