@@ -11,8 +11,21 @@ from psycopg.types.json import Jsonb
 
 from contract import aws, signing
 from contract.models import (
-    AttemptLimits, AttemptRef, AttemptResult, CallRecord, Envelope, EvalOutcome, HarnessOutcome, HarnessRef, Job,
-    LedgerBatch, ModelRef, TamperFlag, Totals, Verdict, utcnow,
+    AttemptLimits,
+    AttemptRef,
+    AttemptResult,
+    CallRecord,
+    Envelope,
+    EvalOutcome,
+    HarnessOutcome,
+    HarnessRef,
+    Job,
+    LedgerBatch,
+    ModelRef,
+    TamperFlag,
+    Totals,
+    Verdict,
+    utcnow,
 )
 from contract.signing import REJECTED_ATTRIBUTE
 from dispatcher import resources

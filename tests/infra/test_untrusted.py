@@ -178,3 +178,21 @@ def test_a_task_role_cannot_send_a_verdict_and_only_the_eval_role_can(estate_sna
     with pytest.raises(ClientError):
         _client("sqs", iam_moto, {"AccessKeyId": "AKIAUNKNOWN000000000", "SecretAccessKey": "x"}).send_message(
             QueueUrl=url["verdicts"], MessageBody="no credentials at all")
+
+
+def test_a_task_image_revision_keeps_the_templates_secrets_and_nothing_else_changes(estate_snapshot):
+    """The dispatcher registers one revision per task image from the template (task_definitions.derive_revision):
+    the Valkey user and upstream key stay ECS secrets, no secret value appears, only the image changes."""
+    from dispatcher.launchers.task_definitions import derive_revision
+
+    (td,) = [r for r in estate_snapshot.of("aws:ecs/taskDefinition:TaskDefinition")
+             if r.inputs["family"] == "evalplane-harness"]
+    template = {"family": "evalplane-harness", "containerDefinitions": json.loads(td.inputs["containerDefinitions"]),
+                "taskRoleArn": "arn:role/task", "executionRoleArn": "arn:role/exec"}
+    image = "123456789012.dkr.ecr.us-east-1.amazonaws.com/evalplane/task-images@sha256:" + "a" * 64
+    (derived,) = derive_revision(template, [], "task", image, "arn:template")["containerDefinitions"]
+    (original,) = template["containerDefinitions"]
+    assert derived == original | {"image": image}
+    assert {s["name"] for s in derived["secrets"]} == {"EVALPLANE_UPSTREAM_KEY", valkey_auth.USER_ENV,
+                                                      valkey_auth.PASSWORD_ENV}
+    assert signing.ATTEMPT_KEY_ENV not in json.dumps(derived)  # per attempt, in RunTask's override only
