@@ -27,9 +27,10 @@ def _state_dir() -> Path:
 
 
 def default_url() -> str:
-    """VALKEY_URL, else the project's own server's admin URL (scripts/stack.sh up)."""
+    """VALKEY_URL (with the user of USER_ENV/PASSWORD_ENV if it names none: the judge's ECS task), else the project's
+    own server's admin URL (scripts/stack.sh up)."""
     if url := os.environ.get("VALKEY_URL"):
-        return url
+        return with_credentials(url)
     f = _state_dir() / ADMIN_URL_FILE
     if f.exists():
         return f.read_text().strip()

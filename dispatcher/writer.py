@@ -409,7 +409,8 @@ class ResultsWriter:
         msgs: list[dict] = []
         t = time.monotonic()
         for i in range(max_receives):
-            got = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, MessageAttributeNames=RECEIVE_ATTRIBUTES,
+            got = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10,
+                                      MessageAttributeNames=RECEIVE_ATTRIBUTES,
                                       WaitTimeSeconds=wait_s if i == 0 else 0).get("Messages", [])
             msgs += got
             if len(got) < 10:
