@@ -7,16 +7,19 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from contract.models import AttemptRef
-from dispatcher.launchers.base import LaunchMeter, TaskHandle
+from dispatcher.launchers.base import AttemptEnv, LaunchMeter, TaskHandle, no_attempt_env
 
 
 class ProcessLauncher:
-    def __init__(self, log_dir: Path, env: dict[str, str]):
-        """env: the task's environment (endpoints and the run's provider key, which only the shim gets)."""
+    def __init__(self, log_dir: Path, env: dict[str, str], attempt_env: AttemptEnv = no_attempt_env):
+        """env: the task's environment (endpoints, the run's provider key, which only the shim gets, and the run's
+        Valkey user); attempt_env(ref): what one attempt's task gets besides (its attempt key)."""
         self.log_dir = log_dir
         self.env = env
+        self.attempt_env = attempt_env
         self._procs: dict[str, subprocess.Popen] = {}
         self.meter = LaunchMeter()
 
@@ -28,7 +31,7 @@ class ProcessLauncher:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "harness", job_uri],
                 stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=self.env, start_new_session=True,
+                env=self.env | self.attempt_env(ref), start_new_session=True,
             )
         self._procs[str(proc.pid)] = proc
         return TaskHandle(ref=ref, task_id=str(proc.pid))
@@ -55,10 +58,25 @@ class ProcessLauncher:
         return f"process launcher: {self.meter.report()}"
 
 
+NOT_INHERITED = ("VALKEY_URL", "DATABASE_URL")  # the dispatcher's own (admin) stores: a task gets what `extra` says
+
+
 def local_task_env(extra: dict[str, str]) -> dict[str, str]:
-    """The environment handed to local tasks: ours, minus anything secret-looking, plus `extra`."""
-    keep = {k: v for k, v in os.environ.items() if not any(s in k.upper() for s in ("KEY", "TOKEN", "SECRET", "PASSWORD"))}
+    """The environment handed to local tasks: ours, minus anything secret-looking (by name, or a URL carrying a
+    password) and the dispatcher's own store URLs, plus `extra`."""
+    keep = {k: v for k, v in os.environ.items()
+            if not any(s in k.upper() for s in ("KEY", "TOKEN", "SECRET", "PASSWORD"))
+            and k not in NOT_INHERITED and not _url_with_password(v)}
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):  # fake credentials for moto locally
         if k in os.environ:
             keep[k] = os.environ[k]
     return keep | extra
+
+
+def _url_with_password(value: str) -> bool:
+    if "://" not in value or "@" not in value:
+        return False
+    try:
+        return bool(urlsplit(value).password)
+    except ValueError:
+        return True  # unparseable, yet shaped like a URL with credentials: not handed on

@@ -73,6 +73,29 @@ def test_aws_backend_launches_from_stack_outputs(estate, database_url, moto_endp
     resources.remove_queues(res)
 
 
+def test_each_runtask_carries_its_own_attempts_key_and_nothing_else(estate, database_url, moto_endpoint, unique,  # noqa: F811
+                                                                    run_keys):
+    """As run.py launches on AWS: the command override is the job's URI, the environment override only that
+    attempt's signing key (its other secrets come from the task definition)."""
+    from contract import signing
+    from dispatcher.run import attempt_env
+
+    outputs = StackOutputs.load(estate)
+    launcher = EcsLauncher.from_stack_outputs(outputs, attempt_env=attempt_env(run_keys))
+    refs = [AttemptRef(run=unique, instance_id=f"evalplane__calc-{i}", attempt=1) for i in (1, 2)]
+    handles = launcher.launch_many([(r, f"s3://{outputs.bucket}/runs/{unique}/jobs/{r.instance_id}/1.json",
+                                     task_image(f"{unique}/{r.instance_id}")) for r in refs])
+    tasks = boto3.client("ecs").describe_tasks(cluster=outputs.cluster_arn, tasks=[h.task_id for h in handles])["tasks"]
+    keys = {}
+    for h in handles:
+        (t,) = [t for t in tasks if t["taskArn"] == h.task_id]
+        (override,) = t["overrides"]["containerOverrides"]
+        (env,) = override["environment"]
+        assert env["name"] == signing.ATTEMPT_KEY_ENV
+        keys[h.ref] = env["value"]
+    assert keys == {r: run_keys.attempt_key(r).decode() for r in refs} and len(set(keys.values())) == 2
+
+
 MIRROR = "mirror.example.invalid:5000"
 
 
