@@ -111,6 +111,10 @@ class BackendSpec(Strict):
         "process", description="local: a subprocess per task (repositories from instances.repos), or a container per "
                                "task from its task image on the local Docker engine")
     stack_outputs: str | None = Field(None, description="`pulumi stack output --json` file (backend aws)")
+    isolate_agent: bool = Field(True, description=(
+        "run the harness as an unprivileged user of its own (harness/sandbox.py), apart from the task runner and "
+        "the shim that hold the run's secrets. false is UNSAFE: the agent's commands can then read the provider "
+        "key and every credential of the task; only for a process launcher that cannot run as root"))
     dashboard: bool = Field(False, description=(
         "Serve the live dashboard from the driver while the run goes (port 8270, EVALPLANE_DASHBOARD_PORT) and "
         "start the Ray dashboard with the local Ray cluster"))

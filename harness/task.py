@@ -32,6 +32,7 @@ from contract.models import (
     Totals,
     utcnow,
 )
+from harness import sandbox
 from harness.adapters import ADAPTERS
 
 log = logging.getLogger("evalplane.task")
@@ -44,10 +45,12 @@ LEDGER_MESSAGE_BYTES = 240_000  # SQS allows 256 KiB
 DONE_TTL_S = 600  # the "result sent" mark outlives the slowest task-exit detection (ECS describe lag)
 
 
-def git(testbed: Path, *args: str, check: bool = True) -> str:
+def git(testbed: Path, *args: str, check: bool = True, agent: sandbox.Agent | None = None) -> str:
+    """git in the repository; with agent, as the agent (its repository: git as root there would run its hooks)."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(testbed.parent),
            "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0"}
-    p = subprocess.run(["git", *args], cwd=testbed, env=env, capture_output=True, text=True)
+    p = subprocess.run(["git", *args], cwd=testbed, env=env, capture_output=True, text=True,
+                       **(agent.popen_kwargs() if agent else {}))
     if check and p.returncode != 0:
         raise RuntimeError(f"git {' '.join(args)} failed: {p.stderr.strip()}")
     return p.stdout
@@ -104,12 +107,13 @@ def instance_env() -> dict[str, str]:
             if not any(m in k.upper() for m in SECRET_MARKERS) and not k.startswith(PRIVATE_PREFIXES)}
 
 
-def take_patch(testbed: Path, base_commit: str) -> str:
-    """Everything the agent changed against the base commit, new files included, scratch files excluded."""
-    git(testbed, "add", "-A")
+def take_patch(testbed: Path, base_commit: str, agent: sandbox.Agent | None = None) -> str:
+    """Everything the agent changed against the base commit, new files included, scratch files excluded. Taken as
+    the agent: the repository (its config, hooks, attributes) is the agent's to shape, the patch its to write."""
+    git(testbed, "add", "-A", agent=agent)
     for f in SCRATCH_FILES:
-        git(testbed, "reset", "-q", "--", f, check=False)
-    return git(testbed, "diff", "--cached", "--binary", base_commit)
+        git(testbed, "reset", "-q", "--", f, check=False, agent=agent)
+    return git(testbed, "diff", "--cached", "--binary", base_commit, agent=agent)
 
 
 class Shim:
@@ -131,7 +135,7 @@ class Shim:
         (workdir / "shim.json").write_text(json.dumps(cfg))
         env = {k: v for k, v in os.environ.items() if k != UPSTREAM_KEY_ENV} | {"SHIM_UPSTREAM_KEY": key}
         self.log = open(workdir / "shim.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "shim", "--config", str(workdir / "shim.json")],
+        self.proc = subprocess.Popen([sys.executable, "-m", "harness.sandbox", "shim", "--config", str(workdir / "shim.json")],
                                      env=env, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         while not (self.port_file.exists() and self.port_file.read_text().strip()):
@@ -200,15 +204,16 @@ def send_result(queue_url: str, result: AttemptResult, tail: list[CallRecord], c
     aws.send_batch(queue_url, bodies)
 
 
-def store_artifacts(prefix: str, workdir: Path, patch: str) -> tuple[str | None, str | None, list[str]]:
+def store_artifacts(prefix: str, workdir: Path, patch: str,
+                    trajectory: Path | None = None) -> tuple[str | None, str | None, list[str]]:
     """Patch, trajectory and ledger copy to S3, each upload on its own: whatever fails, the task still sends its
     result (with the shim's unsent ledger rows), saying what is missing. Returns (patch_uri, trajectory_uri,
     problems)."""
     uris: dict[str, str] = {}
     problems = []
-    traj, ledger = workdir / "trajectory.json", workdir / "ledger.jsonl"
+    traj, ledger = trajectory or workdir / "trajectory.json", workdir / "ledger.jsonl"
     for name, body, kind in (("patch.diff", patch, "text/x-diff"),
-                             ("trajectory.json", traj.read_bytes() if traj.exists() else None, "application/json"),
+                             ("trajectory.json", sandbox.read_agent_file(traj), "application/json"),
                              ("ledger.jsonl", ledger.read_bytes() if ledger.exists() else None, "application/x-ndjson")):
         if not body:
             continue
@@ -266,14 +271,19 @@ def end_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_harness(job: Job, testbed: Path, workdir: Path, shim: Shim) -> tuple[HarnessOutcome, str | None]:
-    """How the harness phase ended, and why where it was not the harness's own doing."""
+def run_harness(job: Job, testbed: Path, workdir: Path, shim: Shim, agent_home: Path,
+                agent: sandbox.Agent | None) -> tuple[HarnessOutcome, str | None]:
+    """How the harness phase ended, and why where it was not the harness's own doing. The harness runs as the
+    agent (harness/sandbox.py), its files in agent_home; whatever it leaves running is killed when it ends."""
     adapter = ADAPTERS[job.harness.name]()
-    hr = adapter.prepare(job, testbed, workdir, shim.url, shim.token, instance_env())
+    hr = adapter.prepare(job, testbed, agent_home, shim.url, shim.token, instance_env())
     assert UPSTREAM_KEY_ENV not in hr.env and "SHIM_UPSTREAM_KEY" not in hr.env
+    if agent is not None:
+        agent.own(agent_home)
     deadline = time.monotonic() + (job.limits.wall_time_s or 1e9)
     with open(workdir / "harness.log", "ab") as logf:
-        proc = subprocess.Popen(hr.argv, env=hr.env, cwd=testbed, stdout=logf, stderr=subprocess.STDOUT,
+        argv, cwd = (agent.argv(hr.argv, testbed), "/") if agent else (hr.argv, testbed)
+        proc = subprocess.Popen(argv, env=hr.env, cwd=cwd, stdout=logf, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         stopped, timed_out = None, False
         try:
@@ -286,6 +296,7 @@ def run_harness(job: Job, testbed: Path, workdir: Path, shim: Shim) -> tuple[Har
         finally:  # on a cap, the wall-time limit, or our own SIGTERM: the harness's whole group goes
             if proc.poll() is None:
                 end_group(proc)
+            sandbox.reap_agent(keep={shim.proc.pid})
         stopped = stopped or shim.status().get("stopped")
     if stopped == "rate_limited":  # the provider kept refusing past every retry: never the model's failure
         return HarnessOutcome.INFRA_ERROR, "rate_limited: the upstream refused calls past the shim's retries"
@@ -306,6 +317,7 @@ def _on_sigterm(signum, frame):
 
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
+    sandbox.harden_runner()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s task %(levelname)s %(message)s")
     if len(argv) != 1:
         print("usage: python -m harness <job-uri>", file=sys.stderr)
@@ -315,18 +327,28 @@ def main(argv: list[str]) -> int:
     state = Path(os.environ.get("EVALPLANE_STATE_DIR", task_shape.STATE_DIR))
     workdir = state / "tasks" / ref.run / ref.instance_id / str(ref.attempt)
     workdir.mkdir(parents=True, exist_ok=True)
-    testbed = Path(job.repo_source) if job.repo_source == task_shape.TESTBED else workdir / "testbed"
+    os.chmod(state / "tasks", 0o700)  # the runner's and the shim's files: closed to the agent
+    in_image = job.repo_source == task_shape.TESTBED
+    agent, agent_home, testbed = None, None, Path(job.repo_source)
     started = utcnow()
     outcome, error, patch, shim_status, shim = HarnessOutcome.INFRA_ERROR, None, "", {}, None
     key = os.environ.pop(UPSTREAM_KEY_ENV, "")
     heartbeat = Heartbeat(job)
     log.info("task started for %s (pid %d)", ref.slug, os.getpid())
     try:
+        try:
+            agent = sandbox.agent_for_task(in_image)
+        except sandbox.SandboxError as e:
+            raise SetupFailed(str(e)) from None
+        agent_home = sandbox.agent_dir(agent)
+        testbed = Path(job.repo_source) if in_image else agent_home / "testbed"
         checkout(job, testbed)
+        if agent is not None:
+            agent.own(testbed)
         shim = Shim(job, workdir, key)
         heartbeat.beat("harness")
-        outcome, error = run_harness(job, testbed, workdir, shim)
-        patch = take_patch(testbed, job.instance["base_commit"])
+        outcome, error = run_harness(job, testbed, workdir, shim, agent_home, agent)
+        patch = take_patch(testbed, job.instance["base_commit"], agent)
     except SetupFailed as e:  # before the agent could work: an infrastructure failure, never an empty patch
         log.error("setup failed: %s", e)
         error = f"setup failed: {e}"
@@ -337,14 +359,17 @@ def main(argv: list[str]) -> int:
         error = f"{type(e).__name__}: {e}"
         outcome = HarnessOutcome.INFRA_ERROR
         try:
-            patch = take_patch(testbed, job.instance["base_commit"])
+            patch = take_patch(testbed, job.instance["base_commit"], agent)
         except Exception:
             pass
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # from here on, finish landing the row whatever comes
         if shim is not None:
             shim_status = shim.stop()
-    patch_uri, traj_uri, problems = store_artifacts(job.artifacts_prefix, workdir, patch)
+    patch_uri, traj_uri, problems = store_artifacts(job.artifacts_prefix, workdir, patch,
+                                                    agent_home / "trajectory.json" if agent_home else None)
+    if agent_home is not None and not in_image:
+        sandbox.remove_agent_dir(agent_home)
     if patch and patch_uri is None:  # a patch the grader cannot fetch: not gradable, an infrastructure failure
         outcome, patch = HarnessOutcome.INFRA_ERROR, ""
     if problems:
