@@ -1,16 +1,18 @@
 """Task images: what each attempt runs in. `python -m dispatcher images spec.toml` builds what a spec needs.
 
 A task image is the instance's own image (the official `swebench/sweb.eval.*` image or its mirror, by digest; for
-tests and the demo, the SWE-bench-shaped stand-ins eval_worker.images builds) with two layers on top:
+tests and the demo, the SWE-bench-shaped stand-ins eval_worker.images builds) with three layers on top:
 
-  1. the task runtime under contract.task_shape.RUNTIME_PREFIX: its own CPython built on bullseye, the task runner,
-     the shim and the harness (images/task/Dockerfile.runtime, built once per inputs). Nothing goes into the
-     instance's environment, and the instance's Python version does not matter;
-  2. /testbed pruned at the base commit (harness/prune_history.sh): no later commit, branch, tag, remote or reflog.
+  1. the task runtime under contract.task_shape.RUNTIME_PREFIX: its own CPython built on bullseye, the task runner
+     and the shim (images/task/Dockerfile.runtime: the runtime base, built once per inputs and shared by every
+     harness). Nothing goes into the instance's environment, and the instance's Python version does not matter;
+  2. the harness under RUNTIME_PREFIX/harness/<name>, from the harness layer image (images/task/harness/<name>/
+     Dockerfile, FROM the runtime base; harness/adapters/base.py describes the layout);
+  3. /testbed pruned at the base commit (harness/prune_history.sh): no later commit, branch, tag, remote or reflog.
      Empty when the instance image is already pruned, as the official ones are.
 
-Each image is keyed by its inputs (the instance image's digest, the runtime's sources and requirements, the
-layer's recipe): an image whose inputs did not change is reused, never rebuilt. Built images are pushed to the
+Each image is keyed by its inputs (the instance image's digest, the runtime's sources and requirements, the harness
+layer's inputs, the recipe): an image whose inputs did not change is reused, never rebuilt. Built images are pushed to the
 registry the spec names (`[images] registry`; on AWS the estate's ECR) and recorded in PostgreSQL (task_images),
 so launchers run them by digest.
 """
@@ -43,6 +45,7 @@ TASK_DIR = ROOT / "images" / "task"
 RUNTIME_PACKAGES = ("contract", "harness", "shim")  # what the runtime carries of this project
 RUNTIME_PYTHON = "3.11.2"  # Debian bookworm's python3.11 source package, which Dockerfile.runtime builds
 RUNTIME_REPOSITORY = "evalplane/task-runtime"
+HARNESS_REPOSITORY = "evalplane/task-harness"
 TASK_REPOSITORY = "evalplane/task"
 WHEEL_PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "linux_x86_64", "any")
 
@@ -53,11 +56,19 @@ class ImageProblem(Exception):
 
 @dataclass(frozen=True)
 class Runtime:
+    """A harness layer image (the runtime base plus one harness): what a task image copies its runtime from."""
+
     tag: str
     image_id: str
-    inputs: str
+    inputs: str  # the base's and the harness layer's inputs together
     built: bool
-    build_s: float = 0.0
+    build_s: float = 0.0  # the harness layer's build (the base's is base_build_s)
+    base_tag: str = ""
+    base_built: bool = False
+    base_build_s: float = 0.0
+    base_bytes: int = 0
+    layer_bytes: int = 0  # what the harness layer adds to the base
+    harness: str = ""
 
 
 @dataclass(frozen=True)
@@ -98,12 +109,19 @@ def _constraints() -> str:
     return "".join(ln + "\n" for ln in lines if re.match(r"^[A-Za-z0-9_.-]+(\[[^]]*\])?==", ln))
 
 
-def runtime_inputs(harness: str) -> str:
-    """Everything the runtime image is made of, hashed: no Docker needed to know whether it changed."""
-    parts: list[bytes | str] = [harness, RUNTIME_PYTHON, _constraints()]
+def base_inputs() -> str:
+    """Everything the runtime base image is made of, hashed: no Docker needed to know whether it changed."""
+    parts: list[bytes | str] = [RUNTIME_PYTHON, _constraints()]
     for f in _runtime_files():
         parts += [str(f.relative_to(ROOT)), f.read_bytes()]
     return _sha(*parts)
+
+
+def runtime_inputs(harness: str) -> str:
+    """The runtime base's inputs with the harness layer's: what a task image's runtime part is made of."""
+    from harness.adapters import load_adapter
+
+    return _sha(base_inputs(), harness, load_adapter(harness).layer_inputs())
 
 
 def _wheels(dest: Path) -> None:
@@ -150,12 +168,17 @@ def _remove_superseded(client: docker.DockerClient, labels: dict[str, str], keep
                 pass
 
 
-def build_runtime(client: docker.DockerClient, harness: str, force: bool = False) -> Runtime:
-    """The runtime image for `harness` (built once per inputs; the CPython stage is cached by Docker)."""
-    inputs = runtime_inputs(harness)
-    tag = f"{RUNTIME_REPOSITORY}:{harness}-{inputs[:16]}"
+def _tag_part(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:80]
+
+
+def build_base(client: docker.DockerClient, force: bool = False) -> tuple[str, str, bool, float]:
+    """The runtime base image (built once per inputs; the CPython stage is cached by Docker).
+    Returns (tag, image id, built now, build seconds)."""
+    inputs = base_inputs()
+    tag = f"{RUNTIME_REPOSITORY}:base-{inputs[:16]}"
     if not force and (found := _image_id(client, tag)):
-        return Runtime(tag, found, inputs, built=False)
+        return tag, found, False, 0.0
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ep-runtime-") as tmp:
         ctx = Path(tmp)
@@ -170,22 +193,61 @@ def build_runtime(client: docker.DockerClient, harness: str, force: bool = False
                 shutil.copy(f, ctx / "src" / rel)
         image = _build(client, ctx, tag, "Dockerfile.runtime", {"PREFIX": task_shape.RUNTIME_PREFIX},
                        {f"{task_shape.LABEL_PREFIX}.runtime_inputs": inputs,
-                        f"{task_shape.LABEL_PREFIX}.runtime": harness})
-    _remove_superseded(client, {f"{task_shape.LABEL_PREFIX}.runtime": harness}, image.id)
-    log.info("built runtime %s in %.0f s", tag, time.monotonic() - t0)
-    return Runtime(tag, image.id, inputs, built=True, build_s=time.monotonic() - t0)
+                        f"{task_shape.LABEL_PREFIX}.runtime": "base"})
+    _remove_superseded(client, {f"{task_shape.LABEL_PREFIX}.runtime": "base"}, image.id)
+    build_s = time.monotonic() - t0
+    log.info("built the runtime base %s in %.0f s (%.0f MB)", tag, build_s, image.attrs["Size"] / 1e6)
+    return tag, image.id, True, build_s
+
+
+def build_runtime(client: docker.DockerClient, harness: str, force: bool = False) -> Runtime:
+    """The runtime base with `harness`'s layer on it (each built once per inputs). `force` rebuilds the layer and,
+    if its inputs changed, the base (Docker's cache keeps the CPython stage)."""
+    from harness.adapters import load_adapter
+
+    adapter = load_adapter(harness)
+    base_tag, base_id, base_built, base_s = build_base(client, force=False)
+    inputs = runtime_inputs(harness)
+    tag = f"{HARNESS_REPOSITORY}:{_tag_part(harness)}-{inputs[:16]}"
+    base_bytes = client.images.get(base_id).attrs["Size"]
+    found = None if force else _image_id(client, tag)
+    built, t0 = found is None, time.monotonic()
+    if built:
+        with tempfile.TemporaryDirectory(prefix="ep-harness-") as tmp:
+            ctx = Path(tmp) / "ctx"
+            shutil.copytree(adapter.layer_dir(), ctx)
+            adapter.prepare_layer(ctx)
+            label = {f"{task_shape.LABEL_PREFIX}.harness_layer": _tag_part(harness)}
+            image = _build(client, ctx, tag, "Dockerfile",
+                           {"RUNTIME_IMAGE": base_tag, "PREFIX": task_shape.RUNTIME_PREFIX},
+                           label | {f"{task_shape.LABEL_PREFIX}.runtime_inputs": inputs})
+        _remove_superseded(client, label, image.id)
+        found = image.id
+    layer_bytes = client.images.get(found).attrs["Size"] - base_bytes
+    runtime = Runtime(tag, found, inputs, built=built, build_s=round(time.monotonic() - t0, 1) if built else 0.0,
+                      base_tag=base_tag, base_built=base_built, base_build_s=round(base_s, 1), base_bytes=base_bytes,
+                      layer_bytes=layer_bytes, harness=harness)
+    log.info("harness layer %s %s: %s, %.0f MB on the runtime base %s (%.0f MB)", harness, adapter.version,
+             f"built in {runtime.build_s:.1f} s" if built else "reused", layer_bytes / 1e6, base_tag, base_bytes / 1e6)
+    return runtime
 
 
 def task_dockerfile() -> str:
-    """The task image's recipe: FROM the instance image, the runtime copied in, /testbed pruned."""
+    """The task image's recipe: FROM the instance image, the runtime base copied in (one layer, the same for every
+    harness on this instance), then the harness's folder from its layer image, /testbed pruned."""
     p = task_shape.RUNTIME_PREFIX
     return "\n".join([
         "ARG RUNTIME_IMAGE",
+        "ARG HARNESS_IMAGE",
         "ARG INSTANCE_IMAGE",
+        "ARG HARNESS_DIR",
         "FROM ${RUNTIME_IMAGE} AS runtime",
+        "FROM ${HARNESS_IMAGE} AS harness",
         "FROM ${INSTANCE_IMAGE}",
         "ARG BASE_COMMIT",
+        "ARG HARNESS_DIR",
         f"COPY --from=runtime {p} {p}",
+        "COPY --from=harness ${HARNESS_DIR} ${HARNESS_DIR}",
         f'RUN test -n "$BASE_COMMIT" && {p}/bin/prune-history {task_shape.TESTBED} "$BASE_COMMIT"',
         f"ENTRYPOINT {json.dumps(task_shape.ENTRYPOINT)}",
         "CMD []",
@@ -279,9 +341,12 @@ def build_task_image(client: docker.DockerClient, conn: psycopg.Connection, row:
     else:
         with tempfile.TemporaryDirectory(prefix="ep-task-") as tmp:
             (Path(tmp) / "Dockerfile").write_text(task_dockerfile())
+            from harness.adapters import load_adapter
+
             image = _build(client, Path(tmp), tag, "Dockerfile", {
-                "RUNTIME_IMAGE": runtime.tag, "INSTANCE_IMAGE": _from_ref(client, instance_image),
-                "BASE_COMMIT": row["base_commit"]}, {
+                "RUNTIME_IMAGE": runtime.base_tag, "HARNESS_IMAGE": runtime.tag,
+                "HARNESS_DIR": str(load_adapter(harness).install_dir()),
+                "INSTANCE_IMAGE": _from_ref(client, instance_image), "BASE_COMMIT": row["base_commit"]}, {
                 f"{task_shape.LABEL_PREFIX}.instance_id": iid, f"{task_shape.LABEL_PREFIX}.harness": harness,
                 f"{task_shape.LABEL_PREFIX}.task_inputs": inputs})
         _remove_superseded(client, {f"{task_shape.LABEL_PREFIX}.instance_id": iid,

@@ -117,6 +117,8 @@ def simulator_args(plan: Plan, run_dir: Path) -> list[str]:
             argv += [f"--{flag}", str(getattr(sim, flag))]
     if sim and sim.error_rate:
         argv += ["--error-rate", str(sim.error_rate)]
+    if sim and sim.error_statuses:
+        argv += ["--error-statuses", ",".join(map(str, sim.error_statuses))]
     return argv
 
 

@@ -7,6 +7,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic_core import PydanticCustomError
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -19,7 +20,6 @@ from pydantic import (
 )
 
 RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
-HARNESSES = ("mini-swe-agent",)
 
 
 def _beside_spec(v: str, info: ValidationInfo) -> Path:
@@ -45,8 +45,45 @@ class RunSpec(Strict):
 
 
 class HarnessSpec(Strict):
-    name: Literal["mini-swe-agent"]
-    settings: dict[str, Any] = Field(default_factory=dict)
+    name: str = Field(description=(
+        "a registered harness (harness.adapters.ADAPTERS) or a dotted path 'package.module:Class' to an adapter"))
+    settings: dict[str, Any] = Field(default_factory=dict, description=(
+        "harness-specific, validated against the adapter's Settings model"))
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from harness.adapters import UnknownHarness, load_adapter
+
+        try:
+            load_adapter(v)
+        except UnknownHarness as e:
+            raise ValueError(str(e)) from None
+        return v
+
+    @model_validator(mode="after")
+    def _settings(self) -> HarnessSpec:
+        from harness.adapters import load_adapter
+
+        try:
+            load_adapter(self.name).Settings.model_validate(self.settings)
+        except ValidationError as e:  # each problem under harness.settings.<field> (see load_spec)
+            raise SettingsInvalid(e) from None
+        return self
+
+    @property
+    def adapter(self):
+        from harness.adapters import load_adapter
+
+        return load_adapter(self.name)
+
+
+class SettingsInvalid(ValueError):
+    """The [harness] settings do not fit the adapter's Settings model; load_spec reports each field."""
+
+    def __init__(self, error: ValidationError):
+        self.error = error
+        super().__init__("; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in error.errors()))
 
 
 class ModelSpec(Strict):
@@ -107,9 +144,10 @@ class BudgetSpec(Strict):
 class BackendSpec(Strict):
     kind: Literal["local", "aws"] = "local"
     concurrency: int = Field(4, ge=1, le=20000)
-    launcher: Literal["process", "docker"] = Field(
-        "process", description="local: a subprocess per task (repositories from instances.repos), or a container per "
-                               "task from its task image on the local Docker engine")
+    launcher: Literal["process", "docker"] | None = Field(
+        None, description="local: a subprocess per task (repositories from instances.repos), or a container per "
+                          "task from its task image on the local Docker engine. Default: process, or docker for a "
+                          "harness installed only in its image layer (the npm harnesses)")
     stack_outputs: str | None = Field(None, description="`pulumi stack output --json` file (backend aws)")
     isolate_agent: bool = Field(True, description=(
         "run the harness as an unprivileged user of its own (harness/sandbox.py), apart from the task runner and "
@@ -184,6 +222,8 @@ class SimulatorSpec(Strict):
     otpm: int | None = Field(None, ge=1)
     tpm: int | None = Field(None, ge=1)
     error_rate: float = Field(0.0, ge=0, le=1)
+    error_statuses: list[Literal[429, 500, 503, 529]] | None = Field(
+        None, min_length=1, description="the statuses injected errors answer with (default: 429, 529, 503)")
 
     @field_validator("policy")
     @classmethod
@@ -210,6 +250,16 @@ class Spec(Strict):
 
     @model_validator(mode="after")
     def _eval_backend_follows_tasks(self) -> Spec:
+        adapter = self.harness.adapter
+        if self.backend.launcher is None:
+            self.backend.launcher = "docker" if adapter.needs_image else "process"
+        elif self.backend.kind == "local" and self.backend.launcher == "process" and adapter.needs_image:
+            raise PydanticCustomError("spec_field", (
+                "harness {harness} is installed only in its task image layer; use launcher = \"docker\" (or leave it "
+                "unset)"), {"harness": self.harness.name, "field": "backend.launcher"})
+        if self.model.provider not in adapter.providers:
+            raise PydanticCustomError("spec_field", "harness {harness} speaks only to {providers}", {
+                "harness": self.harness.name, "providers": " or ".join(adapter.providers), "field": "model.provider"})
         if self.eval.backend is None:
             in_images = self.backend.kind == "aws" or self.backend.launcher == "docker"
             self.eval.backend = "docker" if in_images else "process"
@@ -290,7 +340,16 @@ def load_spec(path: str | Path) -> Spec:
         return spec
     except ValidationError as e:
         problems = []
-        for err in e.errors():
+        errors = []
+        for err in e.errors():  # a cross-field problem names its field; harness settings errors, each theirs
+            ctx = err.get("ctx") or {}
+            if err["type"] == "spec_field":
+                errors.append(err | {"loc": tuple(ctx["field"].split("."))})
+            elif isinstance(ctx.get("error"), SettingsInvalid):
+                errors += [x | {"loc": ("harness", "settings", *x["loc"])} for x in ctx["error"].error.errors()]
+            else:
+                errors.append(err)
+        for err in errors:
             loc = tuple(err["loc"])
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":

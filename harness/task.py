@@ -9,6 +9,7 @@ trajectory and ledger -> send the attempt's result to the results queue. Whateve
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -33,7 +34,7 @@ from contract.models import (
     utcnow,
 )
 from harness import sandbox
-from harness.adapters import ADAPTERS
+from harness.adapters import HarnessAdapter, load_adapter
 
 log = logging.getLogger("evalplane.task")
 UPSTREAM_KEY_ENV = task_shape.UPSTREAM_KEY_ENV
@@ -107,11 +108,13 @@ def instance_env() -> dict[str, str]:
             if not any(m in k.upper() for m in SECRET_MARKERS) and not k.startswith(PRIVATE_PREFIXES)}
 
 
-def take_patch(testbed: Path, base_commit: str, agent: sandbox.Agent | None = None) -> str:
-    """Everything the agent changed against the base commit, new files included, scratch files excluded. Taken as
-    the agent: the repository (its config, hooks, attributes) is the agent's to shape, the patch its to write."""
+def take_patch(testbed: Path, base_commit: str, scratch: tuple[str, ...] = (),
+               agent: sandbox.Agent | None = None) -> str:
+    """Everything the agent changed against the base commit, new files included, scratch files (ours and the
+    harness's) excluded. Taken as the agent: the repository (its config, hooks, attributes) is the agent's to shape,
+    the patch its to write; git as root there would run what the agent put in it."""
     git(testbed, "add", "-A", agent=agent)
-    for f in SCRATCH_FILES:
+    for f in (*SCRATCH_FILES, *scratch):
         git(testbed, "reset", "-q", "--", f, check=False, agent=agent)
     return git(testbed, "diff", "--cached", "--binary", base_commit, agent=agent)
 
@@ -271,20 +274,23 @@ def end_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_harness(job: Job, testbed: Path, workdir: Path, shim: Shim, agent_home: Path,
+def run_harness(job: Job, adapter: HarnessAdapter, testbed: Path, workdir: Path, shim: Shim, agent_home: Path,
                 agent: sandbox.Agent | None) -> tuple[HarnessOutcome, str | None]:
     """How the harness phase ended, and why where it was not the harness's own doing. The harness runs as the
     agent (harness/sandbox.py), its files in agent_home; whatever it leaves running is killed when it ends."""
-    adapter = ADAPTERS[job.harness.name]()
     hr = adapter.prepare(job, testbed, agent_home, shim.url, shim.token, instance_env())
     assert UPSTREAM_KEY_ENV not in hr.env and "SHIM_UPSTREAM_KEY" not in hr.env
-    if agent is not None:
-        agent.own(agent_home)
     deadline = time.monotonic() + (job.limits.wall_time_s or 1e9)
-    with open(workdir / "harness.log", "ab") as logf:
+    with contextlib.ExitStack() as files:
+        logf = files.enter_context(open(workdir / "harness.log", "ab"))
+        out = files.enter_context(open(hr.stdout, "ab")) if hr.stdout else logf
+        stdin = files.enter_context(open(hr.stdin, "rb")) if hr.stdin else subprocess.DEVNULL
+        if agent is not None:  # after the runner opened what it opens there: no link can be slipped in before
+            agent.own(agent_home)
         argv, cwd = (agent.argv(hr.argv, testbed), "/") if agent else (hr.argv, testbed)
-        proc = subprocess.Popen(argv, env=hr.env, cwd=cwd, stdout=logf, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(argv, env=hr.env, cwd=cwd, stdout=out,
+                                stderr=subprocess.STDOUT if out is logf else logf,
+                                stdin=stdin, start_new_session=True)
         stopped, timed_out = None, False
         try:
             while proc.poll() is None:
@@ -298,6 +304,10 @@ def run_harness(job: Job, testbed: Path, workdir: Path, shim: Shim, agent_home: 
                 end_group(proc)
             sandbox.reap_agent(keep={shim.proc.pid})
         stopped = stopped or shim.status().get("stopped")
+    try:
+        adapter.collect(hr)
+    except Exception:  # a trajectory we cannot read is a missing artifact, not a failed attempt
+        log.exception("reading the harness's trajectory failed")
     if stopped == "rate_limited":  # the provider kept refusing past every retry: never the model's failure
         return HarnessOutcome.INFRA_ERROR, "rate_limited: the upstream refused calls past the shim's retries"
     if stopped:
@@ -332,6 +342,7 @@ def main(argv: list[str]) -> int:
     agent, agent_home, testbed = None, None, Path(job.repo_source)
     started = utcnow()
     outcome, error, patch, shim_status, shim = HarnessOutcome.INFRA_ERROR, None, "", {}, None
+    adapter: HarnessAdapter | None = None
     key = os.environ.pop(UPSTREAM_KEY_ENV, "")
     heartbeat = Heartbeat(job)
     log.info("task started for %s (pid %d)", ref.slug, os.getpid())
@@ -345,10 +356,11 @@ def main(argv: list[str]) -> int:
         checkout(job, testbed)
         if agent is not None:
             agent.own(testbed)
+        adapter = load_adapter(job.harness.name)(job.harness.settings)
         shim = Shim(job, workdir, key)
         heartbeat.beat("harness")
-        outcome, error = run_harness(job, testbed, workdir, shim, agent_home, agent)
-        patch = take_patch(testbed, job.instance["base_commit"], agent)
+        outcome, error = run_harness(job, adapter, testbed, workdir, shim, agent_home, agent)
+        patch = take_patch(testbed, job.instance["base_commit"], adapter.scratch, agent)
     except SetupFailed as e:  # before the agent could work: an infrastructure failure, never an empty patch
         log.error("setup failed: %s", e)
         error = f"setup failed: {e}"
@@ -359,7 +371,7 @@ def main(argv: list[str]) -> int:
         error = f"{type(e).__name__}: {e}"
         outcome = HarnessOutcome.INFRA_ERROR
         try:
-            patch = take_patch(testbed, job.instance["base_commit"], agent)
+            patch = take_patch(testbed, job.instance["base_commit"], adapter.scratch if adapter else (), agent)
         except Exception:
             pass
     finally:

@@ -1,10 +1,10 @@
 """What the simulated model says: a fixed text (`echo`), or the demo script replaying a patch.
 
-The demo policy drives a harness through its shell tool (the one the request offers: mini-swe-agent's
-`bash`, Codex CLI's `exec_command`, ...): look around, apply the patch with a heredoc (no temp files,
-since several agents share a host), then submit with `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git
-diff`, whose output mini-swe-agent takes as the submission. A run therefore measures the plumbing, not a
-model.
+The demo policy drives a harness in the harness's own action format (simulator/action_formats: chosen from the
+tools the request offers, text when it offers none): look around, apply the patch (a heredoc `git apply` through the
+harness's shell tool; no temp files, since several agents share a host), then finish the way that harness expects
+(mini-swe-agent's submit command, a plain text reply, a `finish` call). Turns are counted after the task message, so
+few-shot or injected messages before it do not move the script. A run therefore measures the plumbing, not a model.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,21 +28,61 @@ NEEDLE_CHARS = 300
 
 
 @dataclass(frozen=True)
-class Conversation:
-    """The parts of a request a policy looks at."""
+class OfferedTool:
+    """A tool the request offers: its name and the JSON schema of its arguments."""
 
-    user_texts: list[str]
-    assistant_turns: int
+    name: str
+    params: dict[str, Any]
+
+    @property
+    def properties(self) -> dict[str, Any]:
+        props = self.params.get("properties")
+        return props if isinstance(props, dict) else {}
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """The parts of a request a policy looks at: its messages in order, as (role, text) with role "user" or
+    "assistant" (one assistant entry per model turn), and the tools it offers."""
+
+    turns: tuple[tuple[str, str], ...]
+    tools: tuple[OfferedTool, ...] = ()
+    system: str = ""
+
+    @property
+    def user_texts(self) -> list[str]:
+        return [text for role, text in self.turns if role == "user"]
+
+    @property
+    def assistant_turns(self) -> int:
+        return sum(1 for role, _ in self.turns if role == "assistant")
+
+    def turns_after(self, needle: str) -> int:
+        """Assistant turns after the first user message whose (normalised) text holds `needle`."""
+        for i, (role, text) in enumerate(self.turns):
+            if role == "user" and needle in normalise(text):
+                return sum(1 for r, _ in self.turns[i + 1:] if r == "assistant")
+        return self.assistant_turns
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    input: dict[str, Any]
+
+    @property
+    def arguments(self) -> str:
+        return json.dumps(self.input)
 
 
 @dataclass(frozen=True)
 class Reply:
     text: str
-    command: str | None = None  # one shell tool call, if any (to the tool the request offers: simulator/wire.py)
+    call: ToolCall | None = None  # one tool call, if any, in the tool the request offers (simulator/action_formats)
 
     @property
     def output_tokens(self) -> int:
-        arguments = json.dumps({"command": self.command}) if self.command is not None else ""
+        arguments = self.call.arguments if self.call is not None else ""
         return max(1, math.ceil((len(self.text) + len(arguments)) / 4))
 
 
@@ -55,16 +95,24 @@ class EchoPolicy:
         return Reply(ECHO_TEXT)
 
 
-class Gold(BaseModel):
+class Script(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    keep_going: bool = Field(False, description=(
+        "after the patch, keep looking around instead of finishing (until a cap of the attempt ends it)"))
+    pad_chars: int = Field(0, ge=0, description="text of this many characters added to each turn after the patch")
+
+
+class Gold(Script):
     action: Literal["gold"]
 
 
-class Patch(BaseModel):
+class Patch(Script):
     action: Literal["patch"]
     patch: str
 
 
-class Empty(BaseModel):
+class Empty(Script):
     action: Literal["empty"]
 
 
@@ -87,7 +135,8 @@ def apply_command(patch: str) -> str:
 
 
 class DemoPolicy:
-    """Finds the instance by its problem statement in the user messages, then follows the script."""
+    """Finds the instance by its problem statement in the user messages, then follows the script in the action format
+    the request's tools say (simulator/action_formats)."""
 
     def __init__(self, rules: PolicyFile, instances: list[dict]) -> None:
         self._rules = rules
@@ -98,18 +147,25 @@ class DemoPolicy:
         }
 
     def reply(self, conversation: Conversation) -> Reply:
+        from simulator.action_formats import choose
+
+        fmt = choose(conversation)
         text = normalise("\n".join(conversation.user_texts))
-        row = next((row for needle, row in self._by_needle.items() if needle in text), None)
-        if row is None:
-            return Reply(UNKNOWN_TEXT)
+        found = next(((needle, row) for needle, row in self._by_needle.items() if needle in text), None)
+        if found is None:
+            return fmt.unknown(conversation)
+        needle, row = found
         action = self._rules.instances.get(row["instance_id"], self._rules.default)
-        turn = conversation.assistant_turns
+        turn = conversation.turns_after(needle)
+        if not fmt.acts:  # a request without tools (a title, a summary): text only
+            return fmt.text(row, conversation)
         if turn == 0:
-            return Reply("THOUGHT: Let me look at the repository first.", LOOK)
+            return fmt.look(conversation)
         if turn == 1 and not isinstance(action, Empty):
-            patch = row["patch"] if isinstance(action, Gold) else action.patch
-            return Reply("THOUGHT: I know the fix; let me apply it.", apply_command(patch))
-        return Reply("THOUGHT: The work is done; let me submit.", SUBMIT)
+            return fmt.patch(row["patch"] if isinstance(action, Gold) else action.patch, conversation)
+        if action.keep_going:
+            return fmt.look(conversation, pad=action.pad_chars)
+        return fmt.finish(conversation)
 
 
 def load_policy(config: SimulatorConfig) -> Policy:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from simulator.config import SimulatorConfig
-from simulator.policy import Conversation, Reply
+from simulator.policy import Conversation, OfferedTool, Reply
 from simulator.ratelimit import BucketState, Refusal
 from simulator.tokens import Billing, Prompt
 
@@ -20,50 +20,16 @@ class BadRequest(Exception):
     """The request is malformed; the message goes into the provider's 400 body."""
 
 
-@dataclass(frozen=True)
-class Tool:
-    """The tool a reply's command goes to: its name and the argument that carries the command (a string, or an
-    argv run as `bash -lc COMMAND`)."""
-
-    name: str = "bash"
-    arg: str = "command"
-    argv: bool = False
-
-    def input(self, command: str) -> dict[str, Any]:
-        return {self.arg: ["bash", "-lc", command] if self.argv else command}
-
-    def arguments(self, command: str) -> str:
-        return json.dumps(self.input(command))
-
-
-_COMMAND_ARGS = ("command", "cmd")
-_PREFERENCES = (  # a tool taking the command as a string, else as an argv, else any string argument
-    lambda arg, spec: arg in _COMMAND_ARGS and spec.get("type") == "string",
-    lambda arg, spec: arg in _COMMAND_ARGS and spec.get("type") == "array",
-    lambda arg, spec: spec.get("type") == "string",
-)
-
-
 def tools(body: dict[str, Any]) -> list[dict[str, Any]]:
     """The request's `tools` that are objects."""
     offered = body.get("tools")
     return [t for t in offered if isinstance(t, dict)] if isinstance(offered, list) else []
 
 
-def pick_tool(offered: list[tuple[Any, Any]]) -> Tool:
-    """The tool for shell commands among the offered (name, JSON schema of its parameters) pairs, read from the
-    request (mini-swe-agent's `bash` with `command`, Codex CLI's `exec_command` with `cmd`, ...); `bash` with
-    `command` when none is offered."""
-    found = []
-    for name, params in offered:
-        props = params.get("properties") if isinstance(params, dict) else None
-        if isinstance(name, str) and isinstance(props, dict):
-            found += [(name, arg, spec) for arg, spec in props.items() if isinstance(spec, dict)]
-    for wanted in _PREFERENCES:
-        for name, arg, spec in found:
-            if wanted(arg, spec):
-                return Tool(name, arg, spec.get("type") == "array")
-    return Tool()
+def offered(pairs: list[tuple[Any, Any]]) -> tuple[OfferedTool, ...]:
+    """The request's tools as (name, JSON schema of the arguments) pairs, those that are well formed."""
+    return tuple(OfferedTool(name, params) for name, params in pairs
+                 if isinstance(name, str) and isinstance(params, dict))
 
 
 @dataclass(frozen=True)
@@ -74,7 +40,6 @@ class Call:
     max_tokens: int | None
     prompt: Prompt
     conversation: Conversation
-    tool: Tool = Tool()
 
 
 @dataclass(frozen=True)
@@ -120,11 +85,13 @@ def text_of(content: Any) -> str:
     return ""
 
 
-def conversation_of(messages: list[dict[str, Any]]) -> Conversation:
-    return Conversation(
-        user_texts=[text_of(m.get("content")) for m in messages if m.get("role") == "user"],
-        assistant_turns=sum(1 for m in messages if m.get("role") == "assistant"),
-    )
+def conversation_of(messages: list[dict[str, Any]], tools: tuple[OfferedTool, ...] = (),
+                    system: Any = None) -> Conversation:
+    """Chat messages (chat completions, Anthropic messages) as the policy reads them; a `system` message inside
+    `messages` counts as system text."""
+    turns = tuple((m["role"], text_of(m.get("content"))) for m in messages if m.get("role") in ("user", "assistant"))
+    systems = [text_of(system)] + [text_of(m.get("content")) for m in messages if m.get("role") in ("system", "developer")]
+    return Conversation(turns=turns, tools=tools, system="\n".join(s for s in systems if s))
 
 
 def require(body: Any, field: str, kind: type | tuple[type, ...]) -> Any:

@@ -14,7 +14,7 @@ from simulator.wire import (
     Frame,
     conversation_of,
     new_id,
-    pick_tool,
+    offered,
     piece_tokens,
     pieces,
     require,
@@ -85,8 +85,8 @@ class AnthropicWire:
             include_usage=False,
             max_tokens=max_tokens,
             prompt=Prompt.of(preamble or None, messages),
-            conversation=conversation_of(messages),
-            tool=pick_tool([(t.get("name"), t.get("input_schema")) for t in tools(body)]),
+            conversation=conversation_of(messages, offered([(t.get("name"), t.get("input_schema")) for t in tools(body)]),
+                                         body.get("system")),
         )
 
     def costs(self, call: Call, billing: Billing) -> dict[str, float]:
@@ -133,14 +133,9 @@ class AnthropicWire:
 
     def message(self, call: Call, reply: Reply, billing: Billing) -> dict:
         content: list[dict[str, Any]] = [{"type": "text", "text": reply.text}]
-        if reply.command is not None:
+        if reply.call is not None:
             content.append(
-                {
-                    "type": "tool_use",
-                    "id": new_id("toolu_"),
-                    "name": call.tool.name,
-                    "input": call.tool.input(reply.command),
-                }
+                {"type": "tool_use", "id": new_id("toolu_"), "name": reply.call.name, "input": reply.call.input}
             )
         return {
             **self._envelope(call),
@@ -178,8 +173,8 @@ class AnthropicWire:
         ]
         frames += [self._delta(0, {"type": "text_delta", "text": p}, p) for p in pieces(reply.text)]
         frames.append(self._stop_block(0))
-        if reply.command is not None:
-            block = {"type": "tool_use", "id": new_id("toolu_"), "name": call.tool.name, "input": {}}
+        if reply.call is not None:
+            block = {"type": "tool_use", "id": new_id("toolu_"), "name": reply.call.name, "input": {}}
             frames.append(
                 Frame(
                     sse(
@@ -190,7 +185,7 @@ class AnthropicWire:
             )
             frames += [
                 self._delta(1, {"type": "input_json_delta", "partial_json": p}, p)
-                for p in pieces(call.tool.arguments(reply.command))
+                for p in pieces(reply.call.arguments)
             ]
             frames.append(self._stop_block(1))
         delta = {
@@ -218,4 +213,4 @@ class AnthropicWire:
 
 
 def _stop(reply: Reply) -> str:
-    return "tool_use" if reply.command is not None else "end_turn"
+    return "tool_use" if reply.call is not None else "end_turn"

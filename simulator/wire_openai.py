@@ -15,7 +15,7 @@ from simulator.wire import (
     Frame,
     conversation_of,
     new_id,
-    pick_tool,
+    offered,
     piece_tokens,
     pieces,
     require,
@@ -87,9 +87,9 @@ class OpenAIWire:
             include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
             max_tokens=max_tokens if isinstance(max_tokens, int) else None,
             prompt=Prompt.of({"tools": body.get("tools")} if body.get("tools") else None, messages),
-            conversation=conversation_of(messages),
-            tool=pick_tool([(f.get("name"), f.get("parameters")) for f in (t.get("function") for t in tools(body))
-                            if isinstance(f, dict)]),
+            conversation=conversation_of(messages, offered(
+                [(f.get("name"), f.get("parameters")) for f in (t.get("function") for t in tools(body))
+                 if isinstance(f, dict)])),
         )
 
     def costs(self, call: Call, billing: Billing) -> dict[str, float]:
@@ -128,12 +128,12 @@ class OpenAIWire:
 
     def message(self, call: Call, reply: Reply, billing: Billing) -> dict:
         message: dict[str, Any] = {"role": "assistant", "content": reply.text, "refusal": None}
-        if reply.command is not None:
+        if reply.call is not None:
             message["tool_calls"] = [
                 {
                     "id": new_id("call_"),
                     "type": "function",
-                    "function": {"name": call.tool.name, "arguments": call.tool.arguments(reply.command)},
+                    "function": {"name": reply.call.name, "arguments": reply.call.arguments},
                 }
             ]
         return {
@@ -162,17 +162,17 @@ class OpenAIWire:
 
         frames = [chunk({"role": "assistant", "content": ""})]
         frames += [chunk({"content": p}, tokens=piece_tokens(p)) for p in pieces(reply.text)]
-        if reply.command is not None:
+        if reply.call is not None:
             start = {
                 "index": 0,
                 "id": new_id("call_"),
                 "type": "function",
-                "function": {"name": call.tool.name, "arguments": ""},
+                "function": {"name": reply.call.name, "arguments": ""},
             }
             frames.append(chunk({"tool_calls": [start]}))
             frames += [
                 chunk({"tool_calls": [{"index": 0, "function": {"arguments": p}}]}, tokens=piece_tokens(p))
-                for p in pieces(call.tool.arguments(reply.command))
+                for p in pieces(reply.call.arguments)
             ]
         frames.append(chunk({}, _finish(reply)))
         if call.include_usage:
@@ -185,4 +185,4 @@ class OpenAIWire:
 
 
 def _finish(reply: Reply) -> str:
-    return "tool_calls" if reply.command is not None else "stop"
+    return "tool_calls" if reply.call is not None else "stop"

@@ -18,7 +18,7 @@ from simulator.wire import (
     Call,
     Frame,
     new_id,
-    pick_tool,
+    offered,
     piece_tokens,
     pieces,
     require,
@@ -43,13 +43,19 @@ def _usage(billing: Billing) -> dict:
     }
 
 
-def _turns(items: list[dict[str, Any]]) -> int:
-    turns, inside = 0, False
+def _turns(items: list[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
+    """Input items as (role, text): a run of items the model wrote is one assistant turn; tool outputs are not
+    turns of either side."""
+    turns: list[tuple[str, str]] = []
+    inside = False
     for item in items:
         out = item.get("role") == "assistant" or item.get("type") in _OUTPUT_ITEMS
-        turns += out and not inside
+        if out and not inside:
+            turns.append(("assistant", text_of(item.get("content"))))
+        elif item.get("role") == "user":
+            turns.append(("user", text_of(item.get("content"))))
         inside = out
-    return turns
+    return tuple(turns)
 
 
 class ResponsesWire(OpenAIWire):
@@ -70,10 +76,11 @@ class ResponsesWire(OpenAIWire):
             max_tokens=max_tokens if isinstance(max_tokens, int) else None,
             prompt=Prompt.of(preamble or None, items),
             conversation=Conversation(
-                user_texts=[text_of(i.get("content")) for i in items if i.get("role") == "user"],
-                assistant_turns=_turns(items),
+                turns=_turns(items),
+                tools=offered([(t.get("name"), t.get("parameters")) for t in tools(body) if t.get("type") == "function"]),
+                system="\n".join([text_of(body.get("instructions"))] + [
+                    text_of(i.get("content")) for i in items if i.get("role") in ("system", "developer")]),
             ),
-            tool=pick_tool([(t.get("name"), t.get("parameters")) for t in tools(body) if t.get("type") == "function"]),
         )
 
     @staticmethod
@@ -93,10 +100,9 @@ class ResponsesWire(OpenAIWire):
             "id": new_id("msg_"), "type": "message", "status": "completed", "role": "assistant",
             "content": [{"type": "output_text", "text": reply.text, "annotations": [], "logprobs": []}],
         }]
-        if reply.command is not None:
+        if reply.call is not None:
             items.append({"id": new_id("fc_"), "type": "function_call", "status": "completed",
-                          "call_id": new_id("call_"), "name": call.tool.name,
-                          "arguments": call.tool.arguments(reply.command)})
+                          "call_id": new_id("call_"), "name": reply.call.name, "arguments": reply.call.arguments})
         return items
 
     def message(self, call: Call, reply: Reply, billing: Billing) -> dict:

@@ -1,4 +1,8 @@
-"""mini-swe-agent (the real package), run in a child process against the shim with its SWE-bench config."""
+"""mini-swe-agent (the real package), run in a child process against the shim with its SWE-bench config.
+
+It is a Python package of the runtime's own interpreter (images/task/requirements.txt, pinned by requirements.lock),
+so it also runs under the process launcher; its layer (images/task/harness/mini-swe-agent) only checks it is there.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,10 @@ import json
 import sys
 from pathlib import Path
 
+from pydantic import Field
+
 from contract.models import HarnessOutcome, Job
-from harness.adapters.base import HarnessRun
+from harness.adapters.base import Cap, HarnessAdapter, HarnessRun, HarnessSettings
 
 EXIT_STATUS = {
     "Submitted": HarnessOutcome.SUBMITTED,
@@ -16,8 +22,16 @@ EXIT_STATUS = {
 }
 
 
-class MiniSweAgent:
+class MiniSweAgentSettings(HarnessSettings):
+    system_template: str | None = Field(None, description="replaces the SWE-bench config's system template")
+    instance_template: str | None = Field(None, description="replaces the SWE-bench config's instance template")
+
+
+class MiniSweAgent(HarnessAdapter):
     name = "mini-swe-agent"
+    version = "2.4.6"
+    Settings = MiniSweAgentSettings
+    caps = frozenset({Cap.TURNS, Cap.WALL_TIME})  # step_limit, wall_time_limit_seconds; its cost_limit is off
 
     def prepare(self, job: Job, testbed: Path, workdir: Path, shim_url: str, local_token: str,
                 env: dict[str, str]) -> HarnessRun:
@@ -31,7 +45,7 @@ class MiniSweAgent:
             "step_limit": job.limits.max_turns or 0,
             "wall_time_s": int(job.limits.wall_time_s or 0),
             "trajectory": str(traj),
-            "settings": job.harness.settings,
+            "settings": self.settings.model_dump(exclude_none=True),
         }
         cfg = workdir / "harness.json"
         cfg.write_text(json.dumps(settings))

@@ -146,7 +146,9 @@ def test_streamed_tool_call_deltas_rebuild_the_command(client):
 def test_anthropic_route_with_content_blocks(url, gold_patch):
     client = anthropic.Anthropic(base_url=url, api_key="k", max_retries=0)
     user = {"role": "user", "content": [{"type": "text", "text": task(STATEMENT)}]}
-    first = client.messages.create(model="claude-demo", max_tokens=1000, messages=[user])
+    # mini-swe-agent's bash tool, as the messages route takes it (a request offering no tools gets text)
+    bash = {"name": "bash", "input_schema": BASH_TOOL["function"]["parameters"]}
+    first = client.messages.create(model="claude-demo", max_tokens=1000, messages=[user], tools=[bash])
     assert first.stop_reason == "tool_use" and [b.type for b in first.content] == ["text", "tool_use"]
     tool = first.content[1]
     assert tool.name == "bash" and tool.input == {"command": LOOK} and tool.id.startswith("toolu_")
@@ -155,7 +157,7 @@ def test_anthropic_route_with_content_blocks(url, gold_patch):
         {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool.id, "content": "ok"}]},
     ]
-    with client.messages.stream(model="claude-demo", max_tokens=1000, messages=history) as s:
+    with client.messages.stream(model="claude-demo", max_tokens=1000, messages=history, tools=[bash]) as s:
         second = s.get_final_message()
     assert second.stop_reason == "tool_use" and gold_patch in second.content[1].input["command"]
 

@@ -1,0 +1,164 @@
+"""One dispatcher run per harness, in task images on the docker launcher, against the provider simulator through the
+shim, shared by every test of that harness (module scope) and covering the four cases at once:
+
+  * the gold instance: look, apply the gold patch, finish -> submitted, RESOLVED;
+  * the turn-cap instance: the gold patch, then never finishing -> max_turns_exceeded, patch kept, RESOLVED;
+  * the attempt-cap instance: the same, each turn after the patch padded with long text -> budget_exceeded, patch
+    kept, RESOLVED;
+  * the whole run under 30% injected 429/529: the shim absorbs them (retries in the ledger), the harness sees none.
+
+While it runs, every task container's harness process tree is traced from the host (strace on the task runner,
+attached before it starts the harness): every connect/sendto it makes is recorded (tests/harnesses/egress_trace.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SYNTHETIC = ROOT / "examples" / "synthetic"
+GOLD, TURN_CAP, COST_CAP = "evalplane__calc-2", "evalplane__textkit-1", "evalplane__textkit-3"
+MAX_TURNS = 8
+PAD_CHARS = 200_000  # about 50,000 output tokens a turn: a few such turns pass the attempt cap, plain ones never
+
+
+@dataclass(frozen=True)
+class Case:
+    provider: str
+    model: str
+    attempt_usd: float  # above what MAX_TURNS plain turns cost this harness, below two padded ones
+
+
+CASES = {
+    "mini-swe-agent": Case("openai", "gpt-4o-mini", 0.08),
+    "claude-code": Case("anthropic", "claude-haiku-4-5", 0.3),
+    "codex": Case("openai", "gpt-4o-mini", 0.08),
+    "opencode": Case("openai", "gpt-4o-mini", 0.08),
+}
+POLICY = {
+    "default": {"action": "gold"},
+    "instances": {TURN_CAP: {"action": "gold", "keep_going": True},
+                  COST_CAP: {"action": "gold", "keep_going": True, "pad_chars": PAD_CHARS}},
+}
+
+SPEC = """
+[run]
+name = "{run}"
+[harness]
+name = "{harness}"
+[model]
+provider = "{provider}"
+model = "{model}"
+max_tokens = 1024
+[instances]
+dataset = "{synthetic}/instances.jsonl"
+repos = "{synthetic}/repos"
+ids = ["{gold}", "{turn_cap}", "{cost_cap}"]
+[budget]
+run_usd = 5.0
+attempt_usd = {attempt_usd}
+max_turns = {max_turns}
+wall_time_s = 600
+[backend]
+kind = "local"
+concurrency = 3
+launcher = "docker"
+[eval]
+backend = "docker"
+workers = 1
+timeout_s = 300
+[simulator]
+policy = "{policy}"
+error_rate = 0.3
+error_statuses = [429, 529]
+"""
+
+
+def _unavailable(msg: str):
+    if os.environ.get("CI") == "true":
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def instance_images():
+    """A Docker engine, its base images, and the synthetic instances' SWE-bench-shaped images (built once, cached)."""
+    for args in (["up"], ["base", "bullseye"]):
+        p = subprocess.run([str(ROOT / "scripts/docker.sh"), *args], capture_output=True, text=True)
+        if p.returncode != 0:
+            _unavailable(f"scripts/docker.sh {' '.join(args)} failed: {p.stderr[-2000:]}")
+    p = subprocess.run([sys.executable, str(ROOT / "images/swebench/build.py"), "--dataset",
+                        str(SYNTHETIC / "instances.jsonl")], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    import docker
+
+    return docker.from_env(timeout=600)
+
+
+@dataclass
+class HarnessRun:
+    harness: str
+    run: str
+    case: Case
+    wall_s: float
+    stdout: str
+    stderr: str
+    attempts: dict[str, dict]  # by instance id
+    calls: dict[str, list[dict]]  # by instance id, in order
+    trajectories: dict[str, dict]
+    traces: dict[str, object] = field(default_factory=dict)  # by instance id: egress_trace.Trace
+
+
+def harness_run(harness: str, tmp: Path, database_url: str, valkey_url: str, moto_endpoint: str) -> HarnessRun:
+    from tests.harnesses.egress_trace import Tracer
+
+    case = CASES[harness]
+    run = f"h-{harness}-{uuid.uuid4().hex[:6]}"[:40]
+    (tmp / "policy.json").write_text(json.dumps(POLICY))
+    spec = tmp / "spec.toml"
+    spec.write_text(SPEC.format(run=run, harness=harness, provider=case.provider, model=case.model,
+                                synthetic=SYNTHETIC, gold=GOLD, turn_cap=TURN_CAP, cost_cap=COST_CAP,
+                                attempt_usd=case.attempt_usd, max_turns=MAX_TURNS, policy=tmp / "policy.json"))
+    env = os.environ | {"DATABASE_URL": database_url, "VALKEY_URL": valkey_url, "AWS_ENDPOINT_URL": moto_endpoint,
+                        "EVALPLANE_STATE_DIR": str(tmp / "state"), "RAY_USAGE_STATS_ENABLED": "0"}
+    # the task images first (the run would build them too; apart, the run's wall time is the run's alone)
+    built = subprocess.run([sys.executable, "-m", "dispatcher", "images", str(spec)], env=env, capture_output=True,
+                           text=True, cwd=ROOT, timeout=2400)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    tracer = Tracer(run, tmp / "traces").start()
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run([sys.executable, "-m", "dispatcher", "run", str(spec), "--out", str(tmp / "out")], env=env,
+                           capture_output=True, text=True, cwd=ROOT, timeout=1500)
+    finally:
+        traces = tracer.stop()
+    wall = time.monotonic() - t0
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
+    import psycopg
+
+    from contract import aws
+
+    with psycopg.connect(database_url) as conn:
+        cur = conn.execute("SELECT * FROM attempts WHERE run = %s", (run,))
+        cols = [d.name for d in cur.description]
+        attempts = {r["instance_id"]: r for r in (dict(zip(cols, row)) for row in cur.fetchall())}
+        cur = conn.execute("SELECT * FROM calls WHERE run = %s ORDER BY instance_id, seq", (run,))
+        cols = [d.name for d in cur.description]
+        calls: dict[str, list[dict]] = {}
+        for row in cur.fetchall():
+            r = dict(zip(cols, row))
+            calls.setdefault(r["instance_id"], []).append(r)
+    os.environ.setdefault("AWS_ENDPOINT_URL", moto_endpoint)
+    trajectories = {iid: json.loads(aws.get_text(a["trajectory_uri"])) for iid, a in attempts.items()
+                    if a.get("trajectory_uri")}
+    print(f"\n{harness}: dispatcher run {wall:.1f} s; images: {built.stdout.strip().splitlines()[-1]}")
+    return HarnessRun(harness, run, case, wall, p.stdout, p.stderr, attempts, calls, trajectories, traces)
