@@ -13,6 +13,8 @@ from urllib.parse import urlparse
 from botocore.config import Config
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
+from contract.signing import SIG_ATTRIBUTE
+
 _CONFIG = Config(retries={"max_attempts": 8, "mode": "adaptive"}, max_pool_connections=32)
 
 
@@ -56,15 +58,28 @@ def ledger_copy_uri(artifacts_prefix: str) -> str:
     return artifacts_prefix.rstrip("/") + "/ledger.jsonl"
 
 
-def put_text(uri: str, body: str | bytes, content_type: str = "application/json") -> None:
+def put_text(uri: str, body: str | bytes, content_type: str = "application/json", sign=None) -> None:
+    """sign: a contract.signing signer; its signature of the body goes in the object's metadata."""
     bucket, key = split_s3_uri(uri)
     data = body.encode() if isinstance(body, str) else body
-    client("s3").put_object(Bucket=bucket, Key=key, Body=data, ContentType=content_type)
+    extra = {"Metadata": {SIG_ATTRIBUTE: sign(data)}} if sign else {}
+    client("s3").put_object(Bucket=bucket, Key=key, Body=data, ContentType=content_type, **extra)
 
 
 def get_text(uri: str) -> str:
     bucket, key = split_s3_uri(uri)
     return client("s3").get_object(Bucket=bucket, Key=key)["Body"].read().decode()
+
+
+def get_signed_if_exists(uri: str) -> tuple[str, str | None] | None:
+    """(the object's text, the signature in its metadata or None), or None if there is no such object."""
+    bucket, key = split_s3_uri(uri)
+    s3 = client("s3")
+    try:
+        obj = s3.get_object(Bucket=bucket, Key=key)
+    except s3.exceptions.NoSuchKey:
+        return None
+    return obj["Body"].read().decode(), obj.get("Metadata", {}).get(SIG_ATTRIBUTE)
 
 
 def get_text_if_exists(uri: str) -> str | None:
@@ -99,24 +114,36 @@ def _retrying() -> Retrying:
                     retry=retry_if_exception_type(_Unaccepted), reraise=True)
 
 
-def send(queue_url: str, body: str) -> None:
-    """One message; returns once SQS has stored exactly this body, else raises SendFailed."""
+def signature_attributes(body: str, sign) -> dict:
+    """The message attributes that carry a body's signature (none without a signer)."""
+    return {SIG_ATTRIBUTE: {"DataType": "String", "StringValue": sign(body)}} if sign else {}
+
+
+def send(queue_url: str, body: str, sign=None) -> None:
+    """One message; returns once SQS has stored exactly this body, else raises SendFailed. sign: a
+    contract.signing signer, whose signature of the body travels as a message attribute."""
+    attrs = signature_attributes(body, sign)
     try:
         for attempt in _retrying():
             with attempt:
-                got = client("sqs").send_message(QueueUrl=queue_url, MessageBody=body).get("MD5OfMessageBody")
+                got = client("sqs").send_message(QueueUrl=queue_url, MessageBody=body,
+                                                 **({"MessageAttributes": attrs} if attrs else {})
+                                                 ).get("MD5OfMessageBody")
                 if got != md5_of(body):
                     raise _Unaccepted(f"SQS stored a body whose MD5 is {got}, not the one sent")
     except _Unaccepted as e:
         raise SendFailed(f"{queue_url}: {e}") from None
 
 
-def _chunks(bodies: list[str]):
-    """SendMessageBatch-sized groups: at most 10 entries, their bodies at most 256 KiB together."""
+SIGNED_OVERHEAD = 128  # a signature attribute's bytes (name, type, value), which count toward SQS's size limit
+
+
+def _chunks(bodies: list[str], overhead: int = 0):
+    """SendMessageBatch-sized groups: at most 10 entries, their bodies (and attributes) at most 256 KiB together."""
     group: list[str] = []
     size = 0
     for b in bodies:
-        n = len(b.encode())
+        n = len(b.encode()) + overhead
         if group and (len(group) == BATCH_ENTRIES or size + n > BATCH_BYTES):
             yield group
             group, size = [], 0
@@ -126,18 +153,20 @@ def _chunks(bodies: list[str]):
         yield group
 
 
-def send_batch(queue_url: str, bodies: list[str]) -> None:
+def send_batch(queue_url: str, bodies: list[str], sign=None) -> None:
     """Many messages, up to ten a call; returns once SQS has stored every body as sent. A failed entry SQS calls
     its own fault (or one stored other than sent) is sent again; one it calls ours, or one still failing after
-    SEND_TRIES, raises SendFailed naming it."""
-    for group in _chunks(bodies):
+    SEND_TRIES, raises SendFailed naming it. sign: as for `send`."""
+    for group in _chunks(bodies, SIGNED_OVERHEAD if sign else 0):
         todo = {str(i): b for i, b in enumerate(group)}
         refused: list[str] = []
         try:
             for attempt in _retrying():
                 with attempt:
                     resp = client("sqs").send_message_batch(
-                        QueueUrl=queue_url, Entries=[{"Id": i, "MessageBody": b} for i, b in todo.items()])
+                        QueueUrl=queue_url, Entries=[{"Id": i, "MessageBody": b}
+                                                     | ({"MessageAttributes": signature_attributes(b, sign)} if sign else {})
+                                                     for i, b in todo.items()])
                     again: dict[str, str] = {}
                     for ok in resp.get("Successful", []):
                         if ok.get("MD5OfMessageBody") != md5_of(todo[ok["Id"]]):

@@ -1,7 +1,7 @@
 """Pydantic models for every document and message that crosses a process boundary.
 
 Data flows one way: spec -> Job (S3) -> task -> CallRecord / AttemptResult (results queue)
--> rows (PostgreSQL) -> EvalJob (eval queue) -> Verdict (results queue) -> rows.
+-> rows (PostgreSQL) -> EvalJob (eval queue) -> Verdict (verdict queue) -> rows. Who may send what: contract.signing.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ class EvalJob(Frozen):
     patch_uri: str
     instance: dict[str, Any]
     repo_source: str
-    results_queue_url: str
+    verdict_queue_url: str  # where the verdict goes (signed with the verdict key): only the eval fleet may send there
     artifacts_prefix: str
     timeout_s: float = 1800.0
 
@@ -234,8 +234,16 @@ class AttemptResult(BaseModel):
     ledger: list[CallRecord] = Field(default_factory=list)
 
 
+class TamperFlag(Frozen):
+    """A patch touched something grading reads (eval_worker.tamper): the rule, and the files it names. A flag never
+    changes the official verdict; it is shown beside it."""
+
+    rule: Literal["conftest", "pytest_config", "pytest_plugin", "test_file", "eval_input"]
+    files: list[str]
+
+
 class Verdict(BaseModel):
-    """Sent by the eval worker when a patch has been graded."""
+    """Sent by the eval worker (signed with the verdict key, on the verdict queue) when a patch has been graded."""
 
     kind: Literal["verdict"] = "verdict"
     ref: AttemptRef
@@ -246,6 +254,7 @@ class Verdict(BaseModel):
     reason: str | None = None
     started_at: datetime
     ended_at: datetime
+    tamper_flags: list[TamperFlag] = Field(default_factory=list)
 
 
 ResultMessage = Annotated[LedgerBatch | AttemptResult | Verdict, Field(discriminator="kind")]

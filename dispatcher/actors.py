@@ -13,6 +13,7 @@ import ray
 import redis
 
 from contract import keys
+from contract.signing import RunKeys
 from dispatcher.pacing import PacerPolicy, PacerState
 from dispatcher.resources import RunResources
 from dispatcher.writer import ResultsWriter
@@ -22,11 +23,15 @@ from dispatcher.writer import ResultsWriter
 class ResultsWriterActor:
     """Consumes one run's results queue until stopped; its counters show in the dashboard."""
 
-    def __init__(self, res: dict, database_url: str, aws_env: dict[str, str], eval_timeout_s: float):
+    def __init__(self, res: dict, database_url: str, aws_env: dict[str, str], eval_timeout_s: float,
+                 key_files: tuple[str, str]):
+        """key_files: the run secret's and the verdict key's 0600 files (paths, not keys: actor arguments are
+        stored in Ray's GCS)."""
         import os
 
         os.environ.update(aws_env)
-        self.writer = ResultsWriter(RunResources.model_validate(res), database_url, eval_timeout_s)
+        self.writer = ResultsWriter(RunResources.model_validate(res), database_url, eval_timeout_s,
+                                    keys=RunKeys.load(*key_files))
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self.writer.run_until, args=(self.stop_event,), daemon=True)
         self.thread.start()

@@ -35,7 +35,10 @@ def _plan(spec_file: str, err: Console) -> Plan | None:
 
 
 def _valkey_url() -> str:
-    return os.environ.get("VALKEY_URL", "redis://127.0.0.1:6379/0")
+    """VALKEY_URL, else the project's own Valkey's admin URL (scripts/stack.sh up)."""
+    from contract.valkey_auth import default_url
+
+    return default_url()
 
 
 def _print_problems(err: Console, what: str, problems: dict[str, str]) -> None:

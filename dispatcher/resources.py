@@ -1,4 +1,5 @@
-"""Per-run resources: the S3 prefix, the results and eval queues (each with a dead-letter queue)."""
+"""Per-run resources: the S3 prefix, the results and eval queues (each with a dead-letter queue), and the verdict
+queue (eval workers send verdicts there, and only they may: IAM on AWS; its dead letters go to the results DLQ)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ class RunResources(BaseModel):
     bucket: str
     results_queue_url: str
     eval_queue_url: str
+    verdict_queue_url: str
     results_dlq_url: str
     eval_dlq_url: str
 
@@ -40,6 +42,11 @@ def artifacts_prefix(bucket: str, ref: AttemptRef) -> str:
 
 def _queue_name(run: str, role: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_-]", "-", f"ep-{run}-{role}")[:80]
+
+
+def verdict_queue_name(run: str) -> str:
+    """`ep-<run>-verdicts`: the estate's IAM lets only the eval role send to `<queuePrefix>ep-*-verdicts`."""
+    return _queue_name(run, "verdicts")
 
 
 def _ensure_queue(name: str, attrs: dict[str, str]) -> str:
@@ -65,8 +72,14 @@ def ensure(run: str, bucket: str = DEFAULT_BUCKET, queue_prefix: str = "") -> Ru
             },
         )
         urls[f"{role}_dlq"] = dlq
+        if role == "results":
+            urls["verdicts"] = _ensure_queue(queue_prefix + verdict_queue_name(run), {
+                "VisibilityTimeout": "120",
+                "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": str(MAX_RECEIVES)}),
+            })
     return RunResources(
         run=run, bucket=bucket, results_queue_url=urls["results"], eval_queue_url=urls["eval"],
+        verdict_queue_url=urls["verdicts"],
         results_dlq_url=urls["results_dlq"], eval_dlq_url=urls["eval_dlq"],
     )
 
@@ -74,7 +87,8 @@ def ensure(run: str, bucket: str = DEFAULT_BUCKET, queue_prefix: str = "") -> Ru
 def remove_queues(res: RunResources) -> None:
     """At the run's end: the queues go (their contents have landed); the S3 prefix stays as the record."""
     sqs = aws.client("sqs")
-    for url in (res.results_queue_url, res.eval_queue_url, res.results_dlq_url, res.eval_dlq_url):
+    for url in (res.results_queue_url, res.eval_queue_url, res.verdict_queue_url, res.results_dlq_url,
+                res.eval_dlq_url):
         try:
             sqs.delete_queue(QueueUrl=url)
         except Exception:

@@ -27,7 +27,7 @@ import ray
 import redis
 from psycopg.types.json import Jsonb
 
-from contract import aws, db, keys, task_shape
+from contract import aws, db, keys, signing, task_shape, valkey_auth
 from contract.models import (
     AttemptLimits,
     AttemptRef,
@@ -41,6 +41,7 @@ from contract.models import (
     Totals,
     utcnow,
 )
+from contract.signing import RunKeys
 from dispatcher import localstack, resources
 from dispatcher.actors import PoolPacer, ResultsWriterActor
 from dispatcher.launchers.base import TaskHandle
@@ -141,28 +142,67 @@ def make_job(plan: Plan, res: RunResources, ref: AttemptRef, upstream_url: str, 
     )
 
 
-def make_launcher(plan: Plan, run_dir: Path, task_env: dict[str, str], key: str, upstream: str, valkey_url: str):
-    """The local launchers: a subprocess per task, or a container per task behind the egress."""
+def make_launcher(plan: Plan, run_dir: Path, task_env: dict[str, str], key: str, upstream: str, valkey_url: str,
+                  run_keys: RunKeys, valkey_user: dict[str, str]):
+    """The local launchers: a subprocess per task, or a container per task behind the egress. valkey_url: without
+    credentials (tasks get the run's Valkey user, valkey_user, in their environment)."""
     spec = plan.spec
     if spec.backend.launcher == "process":
-        return ProcessLauncher(run_dir / "tasks", task_env, isolate_agent=spec.backend.isolate_agent)
+        return ProcessLauncher(run_dir / "tasks", task_env, attempt_env(run_keys),
+                               isolate_agent=spec.backend.isolate_agent)
     from dispatcher.launchers.docker import DockerLauncher
 
     aws_env = localstack.aws_env()
     endpoints = sorted({v for k, v in aws_env.items() if k.startswith("AWS_ENDPOINT_URL")})
-    env = aws_env | {UPSTREAM_KEY_ENV: key, "EVALPLANE_STATE_DIR": task_shape.STATE_DIR,
-                     ISOLATE_ENV: "1" if spec.backend.isolate_agent else "0"}
-    return DockerLauncher(env, [upstream, valkey_url, *endpoints], log_dir=run_dir / "tasks")
+    env = aws_env | valkey_user | {UPSTREAM_KEY_ENV: key, "EVALPLANE_STATE_DIR": task_shape.STATE_DIR,
+                                   ISOLATE_ENV: "1" if spec.backend.isolate_agent else "0"}
+    return DockerLauncher(env, [upstream, valkey_url, *endpoints], log_dir=run_dir / "tasks",
+                          attempt_env=attempt_env(run_keys))
 
 
-def land_attempt(res: RunResources, plan: Plan, ref: AttemptRef, outcome: HarnessOutcome, why: str) -> None:
-    """Land an attempt that no task will report on (exactly one row, through the writer like any other)."""
+def attempt_env(run_keys: RunKeys):
+    """What each task gets besides the run's environment: its attempt's key, to sign its messages with."""
+    return lambda ref: {signing.ATTEMPT_KEY_ENV: run_keys.attempt_key(ref).decode()}
+
+
+def verdict_key_file(outputs=None) -> Path:
+    """The verdict key's 0600 file: locally made on first use; on AWS the estate's secret (the eval fleet's task
+    definition holds the same one), copied here for the results writers."""
+    folder = localstack.state_dir() / "keys"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    if outputs is None:
+        return folder / "verdict.key"
+    secret = outputs.required("verdict_key_secret_arn")
+    value = aws.client("secretsmanager").get_secret_value(SecretId=secret)["SecretString"]
+    path = folder / f"verdict.{outputs.region}.key"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value.strip())
+    return path
+
+
+def run_valkey_user(admin: redis.Redis, valkey_url: str, spec, run_keys: RunKeys) -> dict[str, str]:
+    """The run's own Valkey user (its keys and its pool's pacing keys only), created with the admin connection:
+    the environment that hands it to tasks. Refuses a server without credentials: there, tasks could write any
+    run's keys."""
+    if not valkey_auth.has_credentials(valkey_url):
+        raise RuntimeError("VALKEY_URL has no credentials: tasks could read and write every run's keys there;"
+                           " use the project's own server (scripts/stack.sh up) or one with AUTH")
+    password = signing.valkey_password(run_keys.run_secret)
+    user = valkey_auth.ensure_run_user(admin, spec.run.name, spec.pool, password)
+    return {valkey_auth.USER_ENV: user, valkey_auth.PASSWORD_ENV: password}
+
+
+def land_attempt(res: RunResources, plan: Plan, ref: AttemptRef, outcome: HarnessOutcome, why: str,
+                 run_keys: RunKeys) -> None:
+    """Land an attempt that no task will report on (exactly one row, through the writer like any other, signed
+    with the attempt's key as its task would)."""
     now = utcnow()
     msg = AttemptResult(
         ref=ref, harness=plan.spec.harness.name, pool=plan.spec.pool, model=plan.spec.model.model,
         outcome=outcome, started_at=now, ended_at=now, error=why,
     )
-    aws.send(res.results_queue_url, Envelope(msg=msg).model_dump_json())
+    aws.send(res.results_queue_url, Envelope(msg=msg).model_dump_json(), sign=run_keys.attempt_signer(ref))
 
 
 def unreported_result(plan: Plan, ref: AttemptRef, why: str, rows: list[dict]) -> AttemptResult:
@@ -194,24 +234,30 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
     run_dir.mkdir(parents=True, exist_ok=True)
     workers: list[subprocess.Popen] = []
     services = LocalServices(run_dir)
+    outputs = None
     if spec.backend.kind == "aws":
         from dispatcher.launchers.ecs import EcsLauncher
         from dispatcher.launchers.stack_outputs import StackOutputs
 
         outputs = StackOutputs.load(spec.backend.stack_outputs)
         res = resources.ensure(run, bucket=outputs.bucket, queue_prefix=outputs.queue_prefix)
-        valkey_url = os.environ.get("VALKEY_URL") or outputs.valkey_url
+        valkey_url = os.environ.get("VALKEY_URL") or outputs.dispatcher_valkey_url()
         aws_env = localstack.aws_env()
     else:
         localstack.ensure_moto()
         res = resources.ensure(run)
-    valkey = redis.Redis.from_url(valkey_url)
+    # The run secret (attempt keys derive from it) and the verdict key: 0600 files the writers read; never a task's.
+    key_files = (str(run_dir / "run.key"), str(verdict_key_file(outputs)))
+    run_keys = RunKeys.load(*key_files)
+    valkey_admin = redis.Redis.from_url(valkey_url)
     try:
         if spec.backend.kind == "aws":
             # The provider key reaches tasks from Secrets Manager through their task definition, never from here.
+            # So does Valkey's harness user; the attempt key rides in each RunTask's environment override.
             upstream = spec.model.base_url or outputs.gateway_url
             launcher = EcsLauncher.from_stack_outputs(outputs, launch_rate_per_s=spec.backend.launch_rate_per_s,
-                                                      launch_burst=spec.backend.launch_burst)
+                                                      launch_burst=spec.backend.launch_burst,
+                                                      attempt_env=attempt_env(run_keys))
             launcher.launch_eval_workers(spec.eval.workers, run=run, command=[
                 "--queue", res.eval_queue_url, "--backend", spec.eval.backend, "--idle-exit", "900"])
         else:
@@ -222,29 +268,36 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
             else:
                 upstream, key = services.simulator(simulator_args(plan, run_dir), "sk-sim-" + secrets.token_hex(16))
             aws_env = localstack.aws_env()
-            task_env = local_task_env({**aws_env, UPSTREAM_KEY_ENV: key,
-                                       "EVALPLANE_STATE_DIR": str(localstack.state_dir()),
-                                       "DATABASE_URL": db.database_url(), "VALKEY_URL": valkey_url})
+            # Tasks: no database, no admin Valkey URL; the run's Valkey user, and (per attempt) its attempt key.
+            valkey_user = run_valkey_user(valkey_admin, valkey_url, spec, run_keys)
+            task_env = local_task_env({**aws_env, UPSTREAM_KEY_ENV: key, **valkey_user,
+                                       "EVALPLANE_STATE_DIR": str(localstack.state_dir())})
             worker_env = local_task_env({**aws_env, "EVALPLANE_STATE_DIR": str(localstack.state_dir()),
-                                         "DATABASE_URL": db.database_url()})
+                                         "DATABASE_URL": db.database_url(),
+                                         signing.VERDICT_KEY_ENV: run_keys.verdict_key.decode()})
             workers = services.eval_workers(plan.spec.eval.workers, [
                 "--queue", res.eval_queue_url, "--logs-root", str(run_dir / "eval"), "--backend", spec.eval.backend],
                 worker_env)
-            launcher = make_launcher(plan, run_dir, task_env, key, upstream, valkey_url)
+            launcher = make_launcher(plan, run_dir, task_env, key, upstream,
+                                     valkey_auth.without_credentials(valkey_url), run_keys, valkey_user)
 
         ray_init(spec.backend.dashboard, aws_env)
         writers = [ResultsWriterActor.options(name=f"results-writer:{run}:{i}", namespace="evalplane",
                                               get_if_exists=True).remote(
-            res.model_dump(), db.database_url(), aws_env, spec.eval.timeout_s) for i in range(spec.backend.writer_count)]
+            res.model_dump(), db.database_url(), aws_env, spec.eval.timeout_s, key_files)
+            for i in range(spec.backend.writer_count)]
         pacer = PoolPacer.options(name=f"pacer:{spec.pool}", namespace="evalplane", get_if_exists=True).remote(
             spec.pool, valkey_url, {"rpm": spec.model.rpm, "itpm": spec.model.itpm, "otpm": spec.model.otpm})
         ray.get(pacer.tick.remote())
 
-        task_upstream, task_valkey = launcher.task_url(upstream), launcher.task_url(valkey_url)
-        loop = DriverLoop(plan, res, conn, valkey, launcher, pacer,
-                          lambda ref: make_job(plan, res, ref, task_upstream, task_valkey))
+        task_upstream = launcher.task_url(upstream)
+        # job documents hold no credential
+        task_valkey = launcher.task_url(valkey_auth.without_credentials(valkey_url))
+        loop = DriverLoop(plan, res, conn, valkey_admin, launcher, pacer,
+                          lambda ref: make_job(plan, res, ref, task_upstream, task_valkey), run_keys)
         # The live view (issue 27): the dashboard's keys, and the dashboard itself with backend.dashboard = true.
-        progress = Progress(console, run, len(plan.refs), live=start_live(valkey, plan, loop, valkey_url, console))
+        progress = Progress(console, run, len(plan.refs),
+                            live=start_live(valkey_admin, plan, loop, valkey_url, console))
         while not loop.step(progress):
             for w in workers:
                 if w.poll() is not None:
@@ -260,7 +313,9 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
         conn.commit()
         services.stop_all()
         resources.remove_queues(res)
-        remove_run_keys(valkey, run)
+        remove_run_keys(valkey_admin, run)
+        if spec.backend.kind != "aws":
+            valkey_auth.remove_run_user(valkey_admin, run)
         return "finished"
     finally:
         for w in workers:
@@ -274,11 +329,12 @@ class DriverLoop:
 
     PLAN_EVERY_S = 10.0
 
-    def __init__(self, plan: Plan, res: RunResources, conn, valkey, launcher, pacer, make_job_doc):
+    def __init__(self, plan: Plan, res: RunResources, conn, valkey, launcher, pacer, make_job_doc, run_keys: RunKeys):
         self.plan, self.res, self.conn, self.valkey = plan, res, conn, valkey
         self.launcher, self.pacer, self.make_job_doc = launcher, pacer, make_job_doc
+        self.run_keys = run_keys
         # lands what no task will report on (its own connection: the loop's reads stay short transactions)
-        self.resolver = ResultsWriter(res, db.database_url(), plan.spec.eval.timeout_s)
+        self.resolver = ResultsWriter(res, db.database_url(), plan.spec.eval.timeout_s, keys=run_keys)
         self.resolved = {"copy": 0, "lost": 0}  # attempts landed by _resolve, by what they landed from
         self.running: dict[AttemptRef, Running] = {}
         self.planner = Planner(plan.spec.backend.concurrency)
@@ -526,7 +582,8 @@ class DriverLoop:
         for ref, is_live in zip(never, self._live(never)):
             if is_live:
                 continue  # an earlier dispatcher's task: it lands its own row
-            land_attempt(self.res, self.plan, ref, HarnessOutcome.CANCELLED, "run cancelled before launch")
+            land_attempt(self.res, self.plan, ref, HarnessOutcome.CANCELLED, "run cancelled before launch",
+                         self.run_keys)
             self.cancel_sent.add(ref)
 
 

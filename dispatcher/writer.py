@@ -41,6 +41,8 @@ from contract.models import (
     LedgerBatch,
     Verdict,
 )
+from contract.signing import RunKeys
+from dispatcher.message_auth import RECEIVE_ATTRIBUTES, MessageAuth, signature_of
 from dispatcher.resources import RunResources
 
 log = logging.getLogger("evalplane.writer")
@@ -149,8 +151,9 @@ _VERDICT_STATUS = {
 
 
 class ResultsWriter:
-    def __init__(self, res: RunResources, database_url: str, eval_timeout_s: float = 1800.0):
+    def __init__(self, res: RunResources, database_url: str, eval_timeout_s: float = 1800.0, *, keys: RunKeys):
         self.res = res
+        self.auth = MessageAuth(res, keys)  # what may land (dispatcher/message_auth.py)
         self.database_url = database_url
         self.eval_timeout_s = eval_timeout_s
         self.landed = {"ledger": 0, "attempt_result": 0, "verdict": 0}
@@ -218,7 +221,8 @@ class ResultsWriter:
                     log.error("ledger rows of %s refused by the database (%s); its result lands without them,"
                               " they go back to the queue on their own", m.msg.ref.slug, e)
                     aws.send(self.res.results_queue_url, orjson.dumps(
-                        {"msg": {"kind": "ledger", "ref": m.msg.ref.model_dump(), "rows": m.rows}}).decode())
+                        {"msg": {"kind": "ledger", "ref": m.msg.ref.model_dump(), "rows": m.rows}}).decode(),
+                        sign=self.auth.keys.attempt_signer(m.msg.ref))
                     ready += self.land([Incoming(m.msg)])
                     continue
                 log.error("results message refused by the database, left for the dead-letter queue: %s", e)
@@ -255,9 +259,10 @@ class ResultsWriter:
     def _land_verdict(self, cur, v: Verdict) -> None:
         status = _VERDICT_STATUS.get(v.outcome, AttemptStatus.EVAL_ERROR)
         cur.execute(
-            """UPDATE attempts SET status = %s, eval_outcome = %s, resolved = %s, report = %s
+            """UPDATE attempts SET status = %s, eval_outcome = %s, resolved = %s, report = %s, tamper_flags = %s
                WHERE run = %s AND instance_id = %s AND attempt = %s AND status = 'PATCH_READY'""",
-            (status.value, v.outcome.value, v.resolved, Jsonb(v.report), v.ref.run, v.ref.instance_id, v.ref.attempt),
+            (status.value, v.outcome.value, v.resolved, Jsonb(v.report),
+             Jsonb([f.model_dump() for f in v.tamper_flags]), v.ref.run, v.ref.instance_id, v.ref.attempt),
         )
         if cur.rowcount:
             cur.execute(
@@ -268,13 +273,21 @@ class ResultsWriter:
             )
 
     def ledger_copy(self, ref: AttemptRef) -> list[dict[str, Any]]:
-        """The rows of the task's S3 ledger copy ([] if it left none, or an unreadable one)."""
-        text = aws.get_text_if_exists(aws.ledger_copy_uri(self.res.artifacts_prefix(ref)))
+        """The rows of the task's S3 ledger copy ([] if it left none, or an unreadable one, or one its attempt's key
+        did not sign, or one naming another attempt)."""
+        got = aws.get_signed_if_exists(aws.ledger_copy_uri(self.res.artifacts_prefix(ref)))
+        if got is None:
+            return []
+        text, signature = got
         try:
-            return [orjson.loads(line) for line in (text or "").splitlines() if line.strip()]
+            rows = [orjson.loads(line) for line in text.splitlines() if line.strip()]
         except ValueError as e:
             log.error("the S3 ledger copy of %s is unreadable, not recovered: %s", ref.slug, e)
             return []
+        if why := self.auth.attempt_refusal(text, signature, Incoming(LedgerBatch(ref=ref, rows=[]), rows)):
+            log.error("the S3 ledger copy of %s is refused, not recovered: %s", ref.slug, why)
+            return []
+        return rows
 
     def recover_ledgers(self, refs: list[AttemptRef]) -> int:
         """Attempts landed as infra_error without ledger rows (their task died before sending them): land whatever
@@ -319,15 +332,21 @@ class ResultsWriter:
 
     def result_copy(self, ref: AttemptRef) -> Incoming | None:
         """The result message the task stored in S3 before sending it (None if it left none, or an unreadable one)."""
-        text = aws.get_text_if_exists(aws.result_copy_uri(self.res.artifacts_prefix(ref)))
-        if text is None:
+        got = aws.get_signed_if_exists(aws.result_copy_uri(self.res.artifacts_prefix(ref)))
+        if got is None:
             return None
+        text, signature = got
         try:
             msg = Incoming.decode(text)
         except Undeliverable as e:
             log.error("the S3 result copy of %s is unreadable: %s", ref.slug, e)
             return None
-        return msg if isinstance(msg.msg, AttemptResult) and msg.msg.ref == ref else None
+        if not (isinstance(msg.msg, AttemptResult) and msg.msg.ref == ref):
+            return None
+        if why := self.auth.attempt_refusal(text, signature, msg):
+            log.error("the S3 result copy of %s is refused: %s", ref.slug, why)
+            return None
+        return msg
 
     def _land_refusing_rows(self, msg: AttemptResult, rows: list[dict[str, Any]]) -> list[AttemptRef]:
         """The attempt with its rows; if the database refuses a row, the attempt alone (its row must land)."""
@@ -355,7 +374,7 @@ class ResultsWriter:
             ej = EvalJob(
                 ref=ref, model_name=row[1], patch_uri=row[0], instance=job.instance,
                 repo_source=job.bundle or job.repo_source,
-                results_queue_url=self.res.results_queue_url, artifacts_prefix=self.res.artifacts_prefix(ref),
+                verdict_queue_url=self.res.verdict_queue_url, artifacts_prefix=self.res.artifacts_prefix(ref),
                 timeout_s=self.eval_timeout_s,
             )
             aws.send(self.res.eval_queue_url, ej.model_dump_json())
@@ -379,12 +398,18 @@ class ResultsWriter:
     # ------------------------------------------------------------ the loop
 
     def poll_once(self, wait_s: int = 1, max_receives: int = 5) -> int:
-        """Receive up to max_receives x 10 messages (waiting only for the first ten), land them in one transaction."""
+        """The results queue (tasks' messages), then the verdict queue (the eval fleet's): see _poll."""
+        return (self._poll(self.res.results_queue_url, wait_s, max_receives)
+                + self._poll(self.res.verdict_queue_url, 0, 1))
+
+    def _poll(self, queue_url: str, wait_s: int, max_receives: int) -> int:
+        """Receive up to max_receives x 10 messages (waiting only for the first ten), dead-letter those that may not
+        land (message_auth), land the rest in one transaction."""
         sqs = aws.client("sqs")
         msgs: list[dict] = []
         t = time.monotonic()
         for i in range(max_receives):
-            got = sqs.receive_message(QueueUrl=self.res.results_queue_url, MaxNumberOfMessages=10,
+            got = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, MessageAttributeNames=RECEIVE_ATTRIBUTES,
                                       WaitTimeSeconds=wait_s if i == 0 else 0).get("Messages", [])
             msgs += got
             if len(got) < 10:
@@ -392,13 +417,20 @@ class ResultsWriter:
         if not msgs:
             return 0
         t = self._clock("receive", t)
-        batch, keep = [], []
+        batch, keep, forged = [], [], []
         for m in msgs:
             try:
-                batch.append(Incoming.decode(m["Body"]))
-                keep.append(m)
+                incoming = Incoming.decode(m["Body"])
             except Undeliverable as e:
                 log.error("%s; left for the dead-letter queue", e)
+                continue
+            if why := self.auth.refusal(queue_url, m["Body"], signature_of(m), incoming):
+                forged.append((m, why))
+            else:
+                batch.append(incoming)
+                keep.append(m)
+        if forged:
+            self.auth.dead_letter(sqs, queue_url, forged)
         t = self._clock("decode", t)
         try:
             ready = self.land(batch)
@@ -412,11 +444,11 @@ class ResultsWriter:
         t = self._clock("enqueue eval", t)
         for i in range(0, len(keep), 10):
             sqs.delete_message_batch(
-                QueueUrl=self.res.results_queue_url,
+                QueueUrl=queue_url,
                 Entries=[{"Id": str(j), "ReceiptHandle": m["ReceiptHandle"]} for j, m in enumerate(keep[i:i + 10])],
             )
         self._clock("delete", t)
-        return len(keep)
+        return len(keep) + len(forged)
 
     def _clock(self, stage: str, since: float) -> float:
         now = time.monotonic()

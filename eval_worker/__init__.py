@@ -12,6 +12,8 @@ Python API:
     eval_worker.mirror.mirror(rows, registry, conn, pull=True) -> (records, errors)
     eval_worker.images.build_image(row, repos_dir=..., tag=None, broken=None) / build_images(rows, ...)
     eval_worker.worker.EvalWorker(queue_url, logs_root, backend, visibility_timeout).run(once, idle_exit)
+                                            (signs verdicts with $EVALPLANE_VERDICT_KEY)
+    eval_worker.tamper.tamper_flags(patch, instance_row) -> [TamperFlag]   what the patch touches that grading reads
     eval_worker.report.write_run_report(predictions, dataset, run, logs_root, attempt=1, report_dir=None)
     eval_worker.report.apply_infra_entries(report, {iid: report_entry})   infra failures out of unresolved
     eval_worker.layout.official_run_id(run, attempt), instance_log_dir(...)

@@ -89,8 +89,19 @@ def worker_main(argv: list[str]) -> int:
         backend = _docker_backend(args.database_url, args.registry, args.require_pinned)
     else:
         backend = ProcessBackend(root=args.sandbox_root, keep=args.keep_sandboxes, recipes=_recipes(args.environments))
+    from contract import signing
+
+    try:
+        verdict_key = signing.key_from_env(signing.VERDICT_KEY_ENV)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    if not verdict_key:
+        print(f"{signing.VERDICT_KEY_ENV} is not set: verdicts must be signed with the verdict key", file=sys.stderr)
+        return 2
     worker = EvalWorker(
         args.queue,
+        verdict_key=verdict_key,
         logs_root=args.logs_root,
         backend=backend,
         visibility_timeout=args.visibility_timeout,

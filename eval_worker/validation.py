@@ -48,7 +48,7 @@ def _job(row: dict, run: str, model: str, repo_source: str, timeout_s: float) ->
     return EvalJob(
         ref=AttemptRef(run=run, instance_id=row["instance_id"], attempt=1), model_name=model,
         patch_uri="validation:gold", instance=row, repo_source=repo_source,
-        results_queue_url="validation:none", artifacts_prefix="validation:none", timeout_s=timeout_s,
+        verdict_queue_url="validation:none", artifacts_prefix="validation:none", timeout_s=timeout_s,
     )
 
 

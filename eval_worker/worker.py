@@ -2,8 +2,9 @@
 
 For each message (long polling): parse the EvalJob, keep extending the message's visibility while
 grading, fetch the patch from job.patch_uri (S3), grade it, upload the instance's log files under
-job.artifacts_prefix + "eval/", send Envelope(msg=verdict) to job.results_queue_url, and only then
-delete the eval message. A crash anywhere before the delete leaves the message to reappear; grading
+job.artifacts_prefix + "eval/", send Envelope(msg=verdict) to job.verdict_queue_url, signed with the verdict key
+(contract.signing: the writer lands no verdict without it), and only then delete the eval message.
+Every verdict carries the patch's tamper flags (eval_worker.tamper), beside the official outcome. A crash anywhere before the delete leaves the message to reappear; grading
 is idempotent and the results writer upserts on (run, instance_id, attempt).
 
 Poison messages (not an EvalJob, or an empty patch, which the writer never enqueues) are logged and
@@ -20,11 +21,12 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from contract import aws
+from contract import aws, signing
 from contract.models import Envelope, EvalJob, EvalOutcome, Verdict, utcnow
 from eval_worker.grading import grade
 from eval_worker.layout import UPLOADED_FILES, instance_log_dir
 from eval_worker.sandbox import GradingBackend, ProcessBackend
+from eval_worker.tamper import tamper_flags
 
 log = logging.getLogger("eval_worker")
 
@@ -72,7 +74,12 @@ class EvalWorker:
         backend: GradingBackend | None = None,
         visibility_timeout: int = 120,
         wait_time_s: int = MAX_WAIT_S,
+        verdict_key: bytes | None = None,
     ):
+        """verdict_key: what verdicts are signed with (default: $EVALPLANE_VERDICT_KEY, hex); required."""
+        self.verdict_key = verdict_key or signing.key_from_env(signing.VERDICT_KEY_ENV)
+        if not self.verdict_key:
+            raise ValueError(f"{signing.VERDICT_KEY_ENV} is not set: the writer lands no unsigned verdict")
         self.queue_url = queue_url
         self.logs_root = Path(logs_root)
         self.backend = backend or ProcessBackend()
@@ -131,7 +138,8 @@ class EvalWorker:
                 return None
             if verdict.outcome is not EvalOutcome.INFRA_ERROR or self._log_dir(job).is_dir():
                 verdict = self._upload(job, verdict)
-            aws.send(job.results_queue_url, Envelope(msg=verdict).model_dump_json())
+            aws.send(job.verdict_queue_url, Envelope(msg=verdict).model_dump_json(),
+                     sign=signing.signer(self.verdict_key))
         self._delete(receipt)
         self.processed += 1
         log.info("%s %s: %s", job.ref.run, job.ref.slug, verdict.outcome.value)
@@ -151,7 +159,11 @@ class EvalWorker:
         if not patch.strip():
             log.error("%s: empty patch on the eval queue (never graded), deleting", job.ref.slug)
             return None
-        return grade(job, patch, self.logs_root, self.backend)
+        verdict = grade(job, patch, self.logs_root, self.backend)
+        flags = tamper_flags(patch, job.instance)
+        if flags:
+            log.warning("%s: tamper flags %s", job.ref.slug, "; ".join(f"{f.rule}: {', '.join(f.files)}" for f in flags))
+        return verdict.model_copy(update={"tamper_flags": flags})
 
     def _log_dir(self, job: EvalJob) -> Path:
         ref = job.ref

@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from contract import aws, keys, task_shape
+from contract import aws, keys, signing, task_shape, valkey_auth
 from contract.models import (
     AttemptResult,
     CallRecord,
@@ -179,15 +179,17 @@ def unsent_rows(ledger: Path, status: dict) -> list[CallRecord]:
     return [r for r in rows if r.seq in seqs]
 
 
-def send_result(queue_url: str, result: AttemptResult, tail: list[CallRecord], copy_uri: str | None = None) -> None:
+def send_result(queue_url: str, result: AttemptResult, tail: list[CallRecord], copy_uri: str | None = None,
+                sign: signing.Signer | None = None) -> None:
     """The result with the unsent rows, as one message; if that would not fit in an SQS message, the rows go as
     ledger batches of their own (the writer absorbs any row it sees twice). Returns once SQS has stored every
     message as sent (contract.aws checks each, failed batch entries included), else raises. First, the whole
-    message goes to S3 (copy_uri): if it is lost on its way, the dispatcher lands this copy."""
+    message goes to S3 (copy_uri): if it is lost on its way, the dispatcher lands this copy. sign: the attempt key's
+    signer (contract.signing): every message and the copy carry its signature."""
     body = Envelope(msg=result.model_copy(update={"ledger": tail})).model_dump_json()
     if copy_uri:
         try:
-            aws.put_text(copy_uri, body)
+            aws.put_text(copy_uri, body, sign=sign)
         except Exception:  # the queue is the way results travel; the copy only covers its loss
             log.exception("storing the result's S3 copy failed; sending the result all the same")
     bodies = [body]
@@ -204,10 +206,11 @@ def send_result(queue_url: str, result: AttemptResult, tail: list[CallRecord], c
             bodies.append(batch)
             i += n
         bodies.append(Envelope(msg=result).model_dump_json())
-    aws.send_batch(queue_url, bodies)
+    aws.send_batch(queue_url, bodies, sign=sign)
 
 
 def store_artifacts(prefix: str, workdir: Path, patch: str,
+                    sign: signing.Signer | None = None,
                     trajectory: Path | None = None) -> tuple[str | None, str | None, list[str]]:
     """Patch, trajectory and ledger copy to S3, each upload on its own: whatever fails, the task still sends its
     result (with the shim's unsent ledger rows), saying what is missing. Returns (patch_uri, trajectory_uri,
@@ -221,7 +224,7 @@ def store_artifacts(prefix: str, workdir: Path, patch: str,
         if not body:
             continue
         try:
-            aws.put_text(prefix + name, body, kind)
+            aws.put_text(prefix + name, body, kind, sign=sign)
             uris[name] = prefix + name
         except Exception as e:  # noqa: BLE001 - S3 failed after the client's own retries: say so in the result
             log.exception("uploading %s failed", name)
@@ -235,7 +238,7 @@ class Heartbeat:
     def __init__(self, job: Job):
         import redis
 
-        self.r = redis.Redis.from_url(job.valkey_url)
+        self.r = redis.Redis.from_url(valkey_auth.with_credentials(job.valkey_url))  # the run's user, from the env
         self.key = keys.progress(job.ref)
         self.stop_event = threading.Event()
         self.beat("starting")
@@ -344,6 +347,10 @@ def main(argv: list[str]) -> int:
     outcome, error, patch, shim_status, shim = HarnessOutcome.INFRA_ERROR, None, "", {}, None
     adapter: HarnessAdapter | None = None
     key = os.environ.pop(UPSTREAM_KEY_ENV, "")
+    attempt_key = signing.key_from_env(signing.ATTEMPT_KEY_ENV)  # the shim, its child, signs its batches with it too
+    sign = signing.signer(attempt_key) if attempt_key else None
+    if sign is None:
+        log.error("%s is not set: the results writer will refuse this task's messages", signing.ATTEMPT_KEY_ENV)
     heartbeat = Heartbeat(job)
     log.info("task started for %s (pid %d)", ref.slug, os.getpid())
     try:
@@ -378,7 +385,7 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # from here on, finish landing the row whatever comes
         if shim is not None:
             shim_status = shim.stop()
-    patch_uri, traj_uri, problems = store_artifacts(job.artifacts_prefix, workdir, patch,
+    patch_uri, traj_uri, problems = store_artifacts(job.artifacts_prefix, workdir, patch, sign,
                                                     agent_home / "trajectory.json" if agent_home else None)
     if agent_home is not None and not in_image:
         sandbox.remove_agent_dir(agent_home)
@@ -393,7 +400,7 @@ def main(argv: list[str]) -> int:
         started_at=started, ended_at=utcnow(), error=error,
     )
     send_result(job.results_queue_url, result, unsent_rows(workdir / "ledger.jsonl", shim_status),
-                aws.result_copy_uri(job.artifacts_prefix))
+                aws.result_copy_uri(job.artifacts_prefix), sign)
     heartbeat.finish(outcome.value)
     log.info("attempt %s landed as %s (%d patch bytes)", ref.slug, outcome.value, result.patch_bytes)
     return 0

@@ -1,4 +1,6 @@
-"""ShimConfig: everything the shim needs, from one JSON file (never the upstream key: $SHIM_UPSTREAM_KEY)."""
+"""ShimConfig: everything the shim needs, from one JSON file. Never a secret: the upstream key comes from
+$SHIM_UPSTREAM_KEY, the run's Valkey user from contract.valkey_auth's variables, the attempt key (ledger batches are
+signed with it) from contract.signing.ATTEMPT_KEY_ENV, all in the shim's environment."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from contract import signing, valkey_auth
 from contract.models import AttemptLimits, AttemptRef
 
 UPSTREAM_KEY_ENV = "SHIM_UPSTREAM_KEY"
@@ -63,3 +66,15 @@ class ShimConfig(BaseModel):
     flush_on_exit: bool = True
     max_body_bytes: Int = Field(32 << 20, ge=1024)  # larger requests get 413 (Anthropic's limit: 32 MB)
     max_stream_buffer_bytes: Int = 1 << 20  # a stream's events held before its first content, at most
+
+    @property
+    def valkey_connect_url(self) -> str | None:
+        """valkey_url as the run's Valkey user, whose name and password are in the environment."""
+        return valkey_auth.with_credentials(self.valkey_url) if self.valkey_url else None
+
+
+def ledger_signer() -> signing.Signer | None:
+    """What ledger batches are signed with: the attempt's key, from the environment (None: unsigned, and the
+    results writer will refuse them)."""
+    key = signing.key_from_env(signing.ATTEMPT_KEY_ENV)
+    return signing.signer(key) if key else None

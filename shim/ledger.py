@@ -27,7 +27,10 @@ class SQSSender:
     (AWS_ENDPOINT_URL_SQS / AWS_ENDPOINT_URL); region: AWS_REGION, AWS_DEFAULT_REGION, else the queue URL's."""
 
     def __init__(self, queue_url: str):
+        from shim.config import ledger_signer
+
         self.queue_url = queue_url
+        self.sign = ledger_signer()  # the attempt's key: the results writer lands no batch without its signature
         self._client = None
         self._lock = threading.Lock()
 
@@ -55,9 +58,15 @@ class SQSSender:
 
     def __call__(self, body: str) -> None:
         """Sent only once SQS has stored exactly this body (else the rows stay pending and go again)."""
-        from contract.aws import SendFailed, md5_of  # botocore with it: loaded off the start-up path, as boto3 is
+        from contract.aws import (  # botocore with it: off the start-up path
+            SendFailed,
+            md5_of,
+            signature_attributes,
+        )
 
-        got = self.client().send_message(QueueUrl=self.queue_url, MessageBody=body).get("MD5OfMessageBody")
+        attrs = signature_attributes(body, self.sign)
+        got = self.client().send_message(QueueUrl=self.queue_url, MessageBody=body,
+                                         **({"MessageAttributes": attrs} if attrs else {})).get("MD5OfMessageBody")
         if got != md5_of(body):
             raise SendFailed(f"{self.queue_url}: SQS stored a body whose MD5 is {got}, not the one sent")
 

@@ -135,7 +135,7 @@ class Shim:
         self.redis = self._shared_redis
         if self.redis is None and cfg.valkey_url:
             self.redis = aioredis.Redis.from_url(
-                cfg.valkey_url, socket_timeout=5, socket_connect_timeout=5,
+                cfg.valkey_connect_url, socket_timeout=5, socket_connect_timeout=5,
                 retry=Retry(ExponentialBackoff(cap=1.0), 4), retry_on_error=[ConnectionError, TimeoutError])
         if self.redis is not None:
             budget = ValkeyBudget(self.redis, cfg.ref, cfg.limits.cost_usd, cfg.run_cost_usd, cfg.hold_ttl_s)

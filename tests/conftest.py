@@ -18,7 +18,6 @@ import redis
 from contract import db
 
 BASE_DATABASE_URL = os.environ.get("DATABASE_URL", db.DEFAULT_DATABASE_URL)
-VALKEY_URL = os.environ.get("VALKEY_URL", "redis://127.0.0.1:6379/0")
 
 
 def free_port() -> int:
@@ -60,9 +59,12 @@ def pg(database_url):
 
 @pytest.fixture(scope="session")
 def valkey_url() -> str:
-    r = redis.Redis.from_url(VALKEY_URL)
-    r.ping()
-    return VALKEY_URL
+    """The admin URL of the project's own Valkey (VALKEY_URL, else scripts/stack.sh's admin.url)."""
+    from contract.valkey_auth import default_url
+
+    url = default_url()
+    redis.Redis.from_url(url).ping()
+    return url
 
 
 @pytest.fixture
@@ -70,6 +72,14 @@ def valkey(valkey_url):
     r = redis.Redis.from_url(valkey_url)
     yield r
     r.close()
+
+
+@pytest.fixture
+def run_keys():
+    """A run's message keys (contract.signing): the run secret and the verdict key."""
+    from contract.signing import RunKeys
+
+    return RunKeys(os.urandom(32).hex().encode(), os.urandom(32).hex().encode())
 
 
 @pytest.fixture

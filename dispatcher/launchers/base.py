@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
 from contract.models import AttemptRef
+
+AttemptEnv = Callable[[AttemptRef], dict[str, str]]  # the secrets one attempt's task gets (its attempt key)
+
+
+def no_attempt_env(ref: AttemptRef) -> dict[str, str]:
+    return {}
 
 
 @dataclass
@@ -19,8 +26,9 @@ class TaskHandle:
 
 class Launcher(Protocol):
     def launch(self, ref: AttemptRef, job_uri: str, image: str | None = None) -> TaskHandle:
-        """Start the task; it fetches its job from job_uri and nothing else is passed. image: the attempt's task
-        image by digest (its instance's image plus the runtime layer); None for the process launcher."""
+        """Start the task; it fetches its job from job_uri; its environment adds only the launcher's attempt_env(ref)
+        (its attempt key). image: the attempt's task image by digest (its instance's image plus the runtime layer);
+        None for the process launcher."""
 
     def poll(self, handle: TaskHandle) -> int | None:
         """None while running, else the exit code."""

@@ -16,7 +16,7 @@ import docker
 import docker.errors
 
 from contract.models import AttemptRef
-from dispatcher.launchers.base import LaunchMeter, TaskHandle
+from dispatcher.launchers.base import AttemptEnv, LaunchMeter, TaskHandle, no_attempt_env
 from dispatcher.launchers.egress import Egress
 
 L_ROLE, L_RUN, L_INSTANCE, L_ATTEMPT = "evalplane.role", "evalplane.run", "evalplane.instance", "evalplane.attempt"
@@ -32,9 +32,11 @@ class DockerLauncher:
     def __init__(self, env: dict[str, str], allowed: Sequence[str], *, egress_image: str = EGRESS_IMAGE,
                  network: str = "evalplane-tasks", log_dir: Path | None = None,
                  mem_limit: str | None = "4g", nano_cpus: int | None = None,
-                 client: docker.DockerClient | None = None):
+                 client: docker.DockerClient | None = None, attempt_env: AttemptEnv = no_attempt_env):
         """allowed: the endpoints tasks may reach (URLs or host:port): the upstream gateway, the S3/SQS
-        endpoint, Valkey. env values that name an allowed endpoint are rewritten to its egress address."""
+        endpoint, Valkey. env values that name an allowed endpoint are rewritten to its egress address.
+        attempt_env(ref): what one attempt's container gets besides env (its attempt key)."""
+        self.attempt_env = attempt_env
         self.client = client or docker.from_env()
         self.log_dir = log_dir
         self.mem_limit, self.nano_cpus = mem_limit, nano_cpus
@@ -66,7 +68,7 @@ class DockerLauncher:
             pass
         with self.meter.timed():
             c = self.client.containers.run(
-                image, [job_uri], name=name, detach=True, network=self.egress.name, environment=self.env,
+                image, [job_uri], name=name, detach=True, network=self.egress.name, environment=self.env | self.attempt_env(ref),
                 labels={L_ROLE: "task", L_RUN: ref.run, L_INSTANCE: ref.instance_id, L_ATTEMPT: str(ref.attempt)},
                 mem_limit=self.mem_limit, nano_cpus=self.nano_cpus, init=True,
                 user="0:0",  # the task runner: root, so that it can run the harness as the agent (harness/sandbox.py)

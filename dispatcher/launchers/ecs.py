@@ -34,7 +34,7 @@ from botocore.exceptions import ClientError
 
 from contract import task_shape
 from contract.models import AttemptRef
-from dispatcher.launchers.base import LaunchMeter, TaskHandle
+from dispatcher.launchers.base import AttemptEnv, LaunchMeter, TaskHandle, no_attempt_env
 from dispatcher.launchers.stack_outputs import StackOutputs
 from dispatcher.launchers.task_definitions import (
     PgRevisionCache,
@@ -75,6 +75,11 @@ class EcsTarget:
             "assignPublicIp": "DISABLED"}}}
 
 
+def _environment(env: dict[str, str]) -> dict[str, Any]:
+    """A container override's environment entry (none when empty)."""
+    return {"environment": [{"name": k, "value": v} for k, v in env.items()]} if env else {}
+
+
 def started_by(run: str) -> str:
     """startedBy allows 128 of [A-Za-z0-9_/-]."""
     return ("evalplane/" + re.sub(r"[^A-Za-z0-9_/-]", "-", run))[:128]
@@ -113,11 +118,13 @@ class EcsLauncher:
                  max_throttle_tries: int = 10, launch_workers: int = 8, sleep: Callable[[float], None] = time.sleep,
                  revision_cache: RevisionCache | None = None, register_rate_per_s: float = 1.0,
                  register_burst: int = 5, launch_rate_per_s: float = FARGATE_LAUNCH_RATE_PER_S,
-                 launch_burst: int = FARGATE_LAUNCH_BURST):
+                 launch_burst: int = FARGATE_LAUNCH_BURST, attempt_env: AttemptEnv = no_attempt_env):
         """revision_cache: where task-image revisions are shared between dispatchers (default: the
         `task_definitions` table in DATABASE_URL); register_rate_per_s, register_burst: the pace of
         RegisterTaskDefinition calls; launch_rate_per_s, launch_burst: the account's task launch quota RunTask is
-        paced to (tasks a second, and the burst)."""
+        paced to (tasks a second, and the burst); attempt_env(ref): the environment one attempt's task gets in its
+        RunTask override (its attempt key; its other secrets come from the task definition)."""
+        self.attempt_env = attempt_env
         self.harness, self.eval = harness, eval_workers
         self.ecs = client or boto3.client("ecs", region_name=region, config=Config(
             retries={"mode": "adaptive", "max_attempts": 5}, max_pool_connections=max(10, launch_workers * 2)))
@@ -210,7 +217,8 @@ class EcsLauncher:
                 "run_task", cluster=self.harness.cluster, taskDefinition=p.task_definition, count=1,
                 launchType=self.harness.launch_type, startedBy=started_by(ref.run),
                 group=f"evalplane:{ref.run}"[:255],
-                overrides={"containerOverrides": [{"name": self.harness.container, "command": [p.job_uri]}]},
+                overrides={"containerOverrides": [{"name": self.harness.container, "command": [p.job_uri],
+                                                   **_environment(self.attempt_env(ref))}]},
                 tags=self._tags("harness", ref), **self.harness.network(),
             )
         tasks = resp.get("tasks", [])

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from contract.models import AttemptRef
-from dispatcher.launchers.base import LaunchMeter, TaskHandle
+from dispatcher.launchers.base import AttemptEnv, LaunchMeter, TaskHandle, no_attempt_env
 from harness import sandbox
 
 AGENT_USER_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "agent-user.sh"
@@ -43,15 +43,18 @@ def ensure_agent_user() -> sandbox.Agent:
 
 
 class ProcessLauncher:
-    def __init__(self, log_dir: Path, env: dict[str, str], isolate_agent: bool = True):
-        """env: the task's environment (endpoints and the run's provider key, which only the shim gets).
-        isolate_agent: the harness runs as the agent user (needs root; see agent_isolation_problem)."""
+    def __init__(self, log_dir: Path, env: dict[str, str], attempt_env: AttemptEnv = no_attempt_env,
+                 isolate_agent: bool = True):
+        """env: the task's environment (endpoints, the run's provider key, which only the shim gets, and the run's
+        Valkey user); attempt_env(ref): what one attempt's task gets besides (its attempt key). isolate_agent: the
+        harness runs as the agent user (needs root; see agent_isolation_problem)."""
         self.log_dir = log_dir
         if isolate_agent:
             if os.geteuid() != 0:
                 raise sandbox.SandboxError("backend.isolate_agent: the process launcher needs root to isolate the agent")
             ensure_agent_user()
         self.env = env | {sandbox.ISOLATE_ENV: "1" if isolate_agent else "0"}
+        self.attempt_env = attempt_env
         self._procs: dict[str, subprocess.Popen] = {}
         self.meter = LaunchMeter()
 
@@ -64,7 +67,7 @@ class ProcessLauncher:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "harness", job_uri],
                 stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=self.env, start_new_session=True,
+                env=self.env | self.attempt_env(ref), start_new_session=True,
             )
         self._procs[str(proc.pid)] = proc
         return TaskHandle(ref=ref, task_id=str(proc.pid))

@@ -38,11 +38,28 @@ class StackOutputs(BaseModel):
     gateway_url: str
     task_images_repository_url: str  # where `python -m dispatcher images` pushes task images (ECR)
     harness_capacity: int | None = None
+    # Secrets Manager: the verdict key (eval fleet and writer), the dispatcher's Valkey user ({username, password})
+    verdict_key_secret_arn: str | None = None
+    valkey_dispatcher_secret_arn: str | None = None
 
     @property
     def valkey_url(self) -> str:
-        """TLS is required on the estate's Valkey."""
+        """TLS is required on the estate's Valkey (and a user: see dispatcher_valkey_url)."""
         return f"rediss://{self.valkey_endpoint}:{self.valkey_port}/0"
+
+    def required(self, name: str) -> str:
+        value = getattr(self, name)
+        if not value:
+            raise StackOutputsError(f"the stack outputs lack {name}; re-export them from an estate that has it")
+        return value
+
+    def dispatcher_valkey_url(self) -> str:
+        """valkey_url as the dispatcher's own Valkey user (from its Secrets Manager secret)."""
+        from contract import aws, valkey_auth
+
+        secret = json.loads(aws.client("secretsmanager").get_secret_value(
+            SecretId=self.required("valkey_dispatcher_secret_arn"))["SecretString"])
+        return valkey_auth.with_credentials(self.valkey_url, secret["username"], secret["password"])
 
     @classmethod
     def load(cls, path: str | Path) -> StackOutputs:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
 import urllib.request
@@ -90,7 +91,12 @@ def estate(moto_endpoint, manual_progression, unique, tmp_path):
     sg = ec2.create_security_group(GroupName=f"{unique}-harness", Description="harness", VpcId=vpc)["GroupId"]
     harness_cluster = ecs.create_cluster(clusterName=f"{unique}-harness")["cluster"]["clusterArn"]
     eval_cluster = ecs.create_cluster(clusterName=f"{unique}-eval")["cluster"]["clusterArn"]
+    secrets = boto3.client("secretsmanager")  # the estate's verdict key and the dispatcher's Valkey user
+    verdict_key = secrets.create_secret(Name=f"{unique}/eval/verdict-key", SecretString=os.urandom(32).hex())["ARN"]
+    valkey_user = secrets.create_secret(Name=f"{unique}/valkey/dispatcher", SecretString=json.dumps(
+        {"username": f"{unique}-dispatcher", "password": os.urandom(16).hex()}))["ARN"]
     outputs = {
+        "verdict_key_secret_arn": verdict_key, "valkey_dispatcher_secret_arn": valkey_user,
         "region": "us-east-1", "vpc_id": vpc, "cluster_arn": harness_cluster, "eval_cluster_arn": eval_cluster,
         "harness_subnet_ids": subnets, "harness_security_group_id": sg,
         "harness_task_definition_arn": task_def(ecs, f"{unique}-harness", "FARGATE"),

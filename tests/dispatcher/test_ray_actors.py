@@ -27,7 +27,7 @@ def ray_cluster(tmp_path_factory, moto_endpoint, database_url):
 
 
 def test_dashboard_lists_the_actors_and_a_killed_pacer_reloads_from_valkey(ray_cluster, valkey_url, unique,
-                                                                           database_url, pg):
+                                                                           database_url, pg, tmp_path):
     from psycopg.types.json import Jsonb
     from ray.util.state import list_actors
 
@@ -40,7 +40,7 @@ def test_dashboard_lists_the_actors_and_a_killed_pacer_reloads_from_valkey(ray_c
     try:
         pacer = PoolPacer.options(name=f"pacer:{pool}", get_if_exists=True).remote(pool, valkey_url, {"rpm": 600})
         writer = ResultsWriterActor.options(name=f"results-writer:{unique}:0").remote(
-            res.model_dump(), database_url, ray_cluster, 60.0)
+            res.model_dump(), database_url, ray_cluster, 60.0, (str(tmp_path / "run.key"), str(tmp_path / "v.key")))
         assert ray.get(pacer.state_snapshot.remote())["limits"] == {"rpm": 600}
         assert ray.get(writer.state.remote())["alive"] is True
         # The shims saw the provider's headers and two 429s: the pacer adapts and mirrors to Valkey.

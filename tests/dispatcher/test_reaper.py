@@ -89,16 +89,18 @@ class ThreadTasks:
     """Each task a thread playing a task's end as harness/task.py does (its ledger copy to S3, one ledger batch
     during the run, its result through task.send_result, its "done" mark), or not, as `plays` says per instance."""
 
-    def __init__(self, res, valkey, plays: dict[str, str], sink_queue: str):
+    def __init__(self, res, valkey, plays: dict[str, str], sink_queue: str, run_keys):
         self.res, self.valkey, self.plays, self.sink = res, valkey, plays, sink_queue
+        self.run_keys = run_keys
         self.threads: dict[str, threading.Thread] = {}
         self.codes: dict[str, int] = {}
 
     def _task(self, ref: AttemptRef) -> None:
         play, rows = self.plays[ref.instance_id], ledger(ref, 3)
-        prefix = self.res.artifacts_prefix(ref)
-        aws.put_text(aws.ledger_copy_uri(prefix), "".join(r.model_dump_json() + "\n" for r in rows))
-        aws.send(self.res.results_queue_url, Envelope(msg=LedgerBatch(ref=ref, rows=rows[:1])).model_dump_json())
+        prefix, sign = self.res.artifacts_prefix(ref), self.run_keys.attempt_signer(ref)  # the task's attempt key
+        aws.put_text(aws.ledger_copy_uri(prefix), "".join(r.model_dump_json() + "\n" for r in rows), sign=sign)
+        aws.send(self.res.results_queue_url, Envelope(msg=LedgerBatch(ref=ref, rows=rows[:1])).model_dump_json(),
+                 sign=sign)
         if play == "crash":  # dies before its result: no mark, no copy
             self.codes[ref.instance_id] = -9
             return
@@ -106,7 +108,7 @@ class ThreadTasks:
         # "drop, copy kept": killed on its way, but its copy is in S3
         queue = self.res.results_queue_url if play == "normal" else self.sink
         copy = aws.result_copy_uri(prefix) if play in ("normal", "drop, copy kept") else None
-        task.send_result(queue, result(ref, rows), rows[1:], copy)
+        task.send_result(queue, result(ref, rows), rows[1:], copy, sign)
         self.valkey.hset(keys.progress(ref), mapping={"phase": "done", "outcome": "submitted"})
         self.valkey.expire(keys.progress(ref), 600)
         self.codes[ref.instance_id] = 0
@@ -123,7 +125,8 @@ class ThreadTasks:
         pass
 
 
-def test_a_result_killed_on_its_way_still_lands_and_the_run_ends(plan, pg, valkey, database_url, monkeypatch):
+def test_a_result_killed_on_its_way_still_lands_and_the_run_ends(plan, pg, valkey, database_url, monkeypatch,
+                                                                 run_keys):
     """The acceptance test of issue 26: results dropped on their way (the bench's bench__sim-616: marked done, exit
     0, no message anywhere). The run ends; the one without a copy is infra_error/lost_result with every row of its
     S3 ledger copy, the one with a copy lands as what it was; a crashed task is task_died; no attempt is lost."""
@@ -133,11 +136,12 @@ def test_a_result_killed_on_its_way_still_lands_and_the_run_ends(plan, pg, valke
     sink = aws.client("sqs").create_queue(QueueName=f"{run}-sink")["QueueUrl"]
     plays = {"evalplane__calc-1": "normal", "evalplane__calc-2": "drop", "evalplane__textkit-1": "drop, copy kept",
              "evalplane__textkit-2": "crash", "evalplane__textkit-3": "normal"}
-    tasks = ThreadTasks(res, valkey, plays, sink)
+    tasks = ThreadTasks(res, valkey, plays, sink, run_keys)
     loop = runmod.DriverLoop(plan, res, pg, valkey, tasks, None,
-                             lambda ref: runmod.make_job(plan, res, ref, "http://u.invalid", "redis://v.invalid"))
+                             lambda ref: runmod.make_job(plan, res, ref, "http://u.invalid", "redis://v.invalid"),
+                             run_keys)
     loop._next_plan, loop.target = float("inf"), 5  # no pacer here: the fleet size is set
-    writer = ResultsWriter(res, database_url)
+    writer = ResultsWriter(res, database_url, keys=run_keys)
     stop = threading.Event()
     consumer = threading.Thread(target=writer.run_until, args=(stop,), daemon=True)
     consumer.start()
@@ -181,7 +185,7 @@ class ExitedLauncher:
 
 
 def test_the_bound_depends_on_the_done_mark_and_a_state_that_cannot_change_is_never_waited_on(
-        tmp_path, unique, pg, valkey, moto_endpoint):
+        tmp_path, unique, pg, valkey, moto_endpoint, run_keys):
     """The driver's side alone: a task that never marked its result sent is resolved after the grace; one that
     marked it after backend.result_wait_s, even after its mark has expired; each exactly once."""
     plan = opened(tmp_path, unique, pg, result_wait_s=300)
@@ -192,7 +196,7 @@ def test_the_bound_depends_on_the_done_mark_and_a_state_that_cannot_change_is_ne
     launcher = ExitedLauncher({crashed.instance_id: -9, finished.instance_id: 0, marked.instance_id: 1})
     for ref in (finished, marked):
         valkey.hset(keys.progress(ref), mapping={"phase": "done"})
-    loop = runmod.DriverLoop(plan, res, pg, valkey, launcher, None, None)
+    loop = runmod.DriverLoop(plan, res, pg, valkey, launcher, None, None, run_keys)
     loop.landed = {}
     for ref in (crashed, finished, marked):
         loop.running[ref] = runmod.Running(handle=TaskHandle(ref=ref, task_id=ref.instance_id), started=0.0)
@@ -218,7 +222,7 @@ def test_the_bound_depends_on_the_done_mark_and_a_state_that_cannot_change_is_ne
     resources.remove_queues(res)
 
 
-def test_a_resumed_driver_lands_a_gone_tasks_s3_copy_instead_of_relaunching(plan, pg, valkey, database_url):
+def test_a_resumed_driver_lands_a_gone_tasks_s3_copy_instead_of_relaunching(plan, pg, valkey, database_url, run_keys):
     """An earlier driver's task (its progress key alive) is waited for; once the key is gone and no row came, its
     S3 result copy lands; one that left none is launched again."""
     run = plan.spec.run.name
@@ -226,8 +230,9 @@ def test_a_resumed_driver_lands_a_gone_tasks_s3_copy_instead_of_relaunching(plan
     kept, lost = (AttemptRef(run=run, instance_id=i, attempt=1) for i in ("evalplane__calc-1", "evalplane__calc-2"))
     rows = ledger(kept, 2)
     aws.put_text(aws.result_copy_uri(res.artifacts_prefix(kept)),  # as send_result stores it: the tail rides along
-                 Envelope(msg=result(kept, rows).model_copy(update={"ledger": rows})).model_dump_json())
-    loop = runmod.DriverLoop(plan, res, pg, valkey, None, None, None)
+                 Envelope(msg=result(kept, rows).model_copy(update={"ledger": rows})).model_dump_json(),
+                 sign=run_keys.attempt_signer(kept))
+    loop = runmod.DriverLoop(plan, res, pg, valkey, None, None, None, run_keys)
     loop.landed, loop.waiting = {}, {kept, lost}
     loop._recheck_waiting()  # no progress keys: both tasks are gone
     assert not loop.waiting and loop.landed == {(kept.instance_id, 1): "EMPTY_PATCH"}
@@ -236,17 +241,19 @@ def test_a_resumed_driver_lands_a_gone_tasks_s3_copy_instead_of_relaunching(plan
     resources.remove_queues(res)
 
 
-def test_a_s3_copy_the_database_refuses_lands_as_lost(plan, pg, database_url):
+def test_a_s3_copy_the_database_refuses_lands_as_lost(plan, pg, database_url, run_keys):
     """A copy whose row the database refuses (patch_bytes beyond its integer column) lands as lost rather than
     keeping the run open, with its ledger copy's rows."""
     run = plan.spec.run.name
     res = resources.ensure(run)
     ref = AttemptRef(run=run, instance_id="evalplane__calc-1", attempt=1)
     rows = ledger(ref, 2)
-    aws.put_text(aws.ledger_copy_uri(res.artifacts_prefix(ref)), "".join(r.model_dump_json() + "\n" for r in rows))
+    sign = run_keys.attempt_signer(ref)
+    aws.put_text(aws.ledger_copy_uri(res.artifacts_prefix(ref)), "".join(r.model_dump_json() + "\n" for r in rows),
+                 sign=sign)
     aws.put_text(aws.result_copy_uri(res.artifacts_prefix(ref)), Envelope(
-        msg=result(ref, rows).model_copy(update={"patch_bytes": 2**40})).model_dump_json())
-    writer = ResultsWriter(res, database_url)
+        msg=result(ref, rows).model_copy(update={"patch_bytes": 2**40})).model_dump_json(), sign=sign)
+    writer = ResultsWriter(res, database_url, keys=run_keys)
     how = writer.land_unreported(ref, lambda rows: runmod.unreported_result(plan, ref, "lost_result: test", rows))
     assert how == "lost"
     assert pg.execute("SELECT status, error, calls FROM attempts WHERE run = %s", (run,)).fetchall() == [

@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 from psycopg.types.json import Jsonb
 
-from contract import aws
+from contract import aws, signing
 from contract.models import (
     AttemptLimits, AttemptRef, AttemptResult, CallRecord, Envelope, EvalJob, EvalOutcome, HarnessOutcome, HarnessRef,
     Job, LedgerBatch, ModelRef, Totals, Verdict, utcnow,
@@ -16,12 +16,12 @@ from dispatcher.writer import ResultsWriter
 
 
 @pytest.fixture
-def run(pg, moto_endpoint, unique, database_url):
+def run(pg, moto_endpoint, unique, database_url, run_keys):
     pg.execute("INSERT INTO runs (run, spec, spec_hash, backend, attempts) VALUES (%s, %s, 'h', 'local', 2)",
                (unique, Jsonb({})))
     pg.commit()
     res = resources.ensure(unique)
-    return res, ResultsWriter(res, database_url)
+    return res, ResultsWriter(res, database_url, keys=run_keys)
 
 
 def job_for(res, ref):
@@ -46,9 +46,19 @@ def result(ref, patch_bytes, patch_uri=None):
                          started_at=t - timedelta(seconds=5), ended_at=t)
 
 
-def send_all(res, msgs):
+def send_all(writer, msgs):
+    """As their senders send them: a task's signed with its attempt's key on the results queue, a verdict signed
+    with the verdict key on the verdict queue."""
     for m in msgs:
-        aws.send(res.results_queue_url, Envelope(msg=m).model_dump_json())
+        if isinstance(m, Verdict):
+            aws.send(writer.res.verdict_queue_url, Envelope(msg=m).model_dump_json(),
+                     sign=signing.signer(writer.auth.keys.verdict_key))
+        else:
+            send_body(writer, m.ref, Envelope(msg=m).model_dump_json())
+
+
+def send_body(writer, ref, body: str):
+    aws.send(writer.res.results_queue_url, body, sign=writer.auth.keys.attempt_signer(ref))
 
 
 def drain(writer):
@@ -70,7 +80,7 @@ def test_redelivered_messages_land_once_and_only_patches_reach_the_grader(run, p
     ledger = LedgerBatch(ref=with_patch, rows=calls(with_patch, 3))
     msgs = [ledger, result(with_patch, 20, res.artifacts_prefix(with_patch) + "patch.diff"),
             LedgerBatch(ref=empty, rows=calls(empty, 3)), result(empty, 0)]
-    send_all(res, msgs + msgs)  # every message delivered twice
+    send_all(writer, msgs + msgs)  # every message delivered twice
     drain(writer)
 
     rows = dict(pg.execute("SELECT instance_id, status FROM attempts WHERE run=%s", (res.run,)).fetchall())
@@ -89,7 +99,7 @@ def test_redelivered_messages_land_once_and_only_patches_reach_the_grader(run, p
     t = utcnow()
     verdict = Verdict(ref=with_patch, outcome=EvalOutcome.RESOLVED, resolved=True, report={"resolved": True},
                       started_at=t, ended_at=t)
-    send_all(res, [verdict, verdict])
+    send_all(writer, [verdict, verdict])
     drain(writer)
     assert pg.execute("SELECT status, resolved FROM attempts WHERE run=%s AND instance_id='a__b-1'",
                       (res.run,)).fetchone() == ("RESOLVED", True)
@@ -119,9 +129,9 @@ def test_rows_riding_with_the_result_land_with_it_once(run, pg):
     res, writer = run
     ref = AttemptRef(run=res.run, instance_id="a__b-4", attempt=1)
     rows = calls(ref, 3)
-    send_all(res, [LedgerBatch(ref=ref, rows=rows[:1])])
+    send_all(writer, [LedgerBatch(ref=ref, rows=rows[:1])])
     with_rows = result(ref, 0).model_copy(update={"ledger": rows[1:] + rows[:1]})
-    send_all(res, [with_rows, with_rows])
+    send_all(writer, [with_rows, with_rows])
     drain(writer)
     got = pg.execute("SELECT seq FROM calls WHERE run=%s AND instance_id=%s ORDER BY seq", (res.run, ref.instance_id))
     assert [r[0] for r in got.fetchall()] == [1, 2, 3]
@@ -141,8 +151,8 @@ def test_a_row_the_database_refuses_keeps_only_its_own_message_back(run, pg):
     bad_rows = [r.model_dump(mode="json") for r in calls(bad, 2)]
     bad_rows[1]["input_tokens"] = "many"
     for ref, rs in ((good, rows), (bad, bad_rows)):
-        aws.send(res.results_queue_url, json.dumps({"msg": {"kind": "ledger", "ref": ref.model_dump(), "rows": rs}}))
-    send_all(res, [result(good, 0)])
+        send_body(writer, ref, json.dumps({"msg": {"kind": "ledger", "ref": ref.model_dump(), "rows": rs}}))
+    send_all(writer, [result(good, 0)])
     drain(writer)
     got = pg.execute("SELECT instance_id, count(*), bool_or(stream), sum(retries) FROM calls WHERE run=%s"
                      " GROUP BY instance_id", (res.run,)).fetchall()
@@ -159,11 +169,12 @@ def test_an_infra_error_recovers_the_ledger_rows_of_the_tasks_s3_copy(run, pg):
     res, writer = run
     ref = AttemptRef(run=res.run, instance_id="a__b-7", attempt=1)
     rows = calls(ref, 3)
-    send_all(res, [LedgerBatch(ref=ref, rows=rows[:1])])
+    send_all(writer, [LedgerBatch(ref=ref, rows=rows[:1])])
     drain(writer)
-    aws.put_text(res.artifacts_prefix(ref) + "ledger.jsonl", "".join(r.model_dump_json() + "\n" for r in rows))
+    aws.put_text(res.artifacts_prefix(ref) + "ledger.jsonl", "".join(r.model_dump_json() + "\n" for r in rows),
+                 sign=writer.auth.keys.attempt_signer(ref))
     t = utcnow()
-    send_all(res, [AttemptResult(ref=ref, harness="mini-swe-agent", pool="p", model="m",
+    send_all(writer, [AttemptResult(ref=ref, harness="mini-swe-agent", pool="p", model="m",
                                  outcome=HarnessOutcome.INFRA_ERROR, started_at=t, ended_at=t,
                                  error="task exited with code -9 without a result")])
     drain(writer)
@@ -182,7 +193,7 @@ def test_a_result_whose_rows_are_refused_still_lands_its_attempt(run, pg):
     rows[0]["output_tokens"] = "lots"
     body = json.loads(Envelope(msg=result(ref, 0)).model_dump_json())
     body["msg"]["ledger"] = rows
-    aws.send(res.results_queue_url, json.dumps(body))
+    send_body(writer, ref, json.dumps(body))
     drain(writer)
     assert pg.execute("SELECT status FROM attempts WHERE run=%s AND instance_id=%s",
                       (res.run, ref.instance_id)).fetchone() == ("EMPTY_PATCH",)
@@ -204,11 +215,11 @@ def test_infrastructure_failures_land_as_such_never_graded_nor_as_empty_patches(
     failed = result(setup, 0).model_copy(update={"outcome": HarnessOutcome.INFRA_ERROR, "error": "setup failed: x"})
     rate = result(limited, 20, res.artifacts_prefix(limited) + "patch.diff").model_copy(
         update={"outcome": HarnessOutcome.INFRA_ERROR, "error": "rate_limited: upstream"})
-    send_all(res, [failed, rate, result(graded, 20, res.artifacts_prefix(graded) + "patch.diff")])
+    send_all(writer, [failed, rate, result(graded, 20, res.artifacts_prefix(graded) + "patch.diff")])
     drain(writer)
     assert [j.ref for j in eval_jobs(res)] == [graded]
     t = utcnow()
-    send_all(res, [Verdict(ref=graded, outcome=EvalOutcome.INFRA_ERROR, resolved=False, reason="environment_broken",
+    send_all(writer, [Verdict(ref=graded, outcome=EvalOutcome.INFRA_ERROR, resolved=False, reason="environment_broken",
                            report={"infra_failure": True, "infra_failure_reason": "environment_broken"},
                            started_at=t, ended_at=t)])
     drain(writer)

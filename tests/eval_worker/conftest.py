@@ -15,6 +15,16 @@ import pytest
 from ew_helpers import ROOT, SYNTH, load_instances
 
 
+@pytest.fixture(autouse=True)
+def verdict_key(monkeypatch) -> bytes:
+    """The key eval workers sign verdicts with (in their environment, as the dispatcher and the estate give it)."""
+    from contract import signing
+
+    key = os.urandom(32).hex().encode()
+    monkeypatch.setenv(signing.VERDICT_KEY_ENV, key.decode())
+    return key
+
+
 @pytest.fixture(scope="session")
 def instances() -> dict[str, dict]:
     return load_instances()

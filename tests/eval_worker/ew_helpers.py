@@ -31,7 +31,7 @@ def make_job(row: dict, *, run: str = "run1", attempt: int = 1, model: str = "ev
         patch_uri=kw.pop("patch_uri", f"s3://unused/{run}/{iid}/{attempt}/patch.diff"),
         instance=row,
         repo_source=repo_source or bundle_for(row),
-        results_queue_url=kw.pop("results_queue_url", "http://unused/results"),
+        verdict_queue_url=kw.pop("verdict_queue_url", "http://unused/verdicts"),
         artifacts_prefix=kw.pop("artifacts_prefix", f"s3://unused/runs/{run}/attempts/{iid}/{attempt}/"),
         timeout_s=timeout_s,
         **kw,

@@ -11,7 +11,7 @@ import time
 from ew_helpers import ROOT, SYNTH, make_job
 from test_grading import NON_APPLYING
 
-from contract import aws
+from contract import aws, signing
 from contract.models import Envelope, EvalOutcome, Verdict
 from eval_worker.environments import RecipeBook
 from eval_worker.layout import BASE_TEST_OUTPUT, LOG_FILES
@@ -32,7 +32,7 @@ def _job(row, bucket, run, resq, patch: str, attempt: int = 1):
     iid = row["instance_id"]
     prefix = f"s3://{bucket}/runs/{run}/attempts/{iid}/{attempt}/"
     aws.put_text(prefix + "patch.diff", patch, "text/x-diff")
-    return make_job(row, run=run, attempt=attempt, patch_uri=prefix + "patch.diff", results_queue_url=resq,
+    return make_job(row, run=run, attempt=attempt, patch_uri=prefix + "patch.diff", verdict_queue_url=resq,
                     artifacts_prefix=prefix, timeout_s=120)
 
 
@@ -42,7 +42,7 @@ def _queue_empty(sqs, url) -> bool:
     return a["ApproximateNumberOfMessages"] == "0" and a["ApproximateNumberOfMessagesNotVisible"] == "0"
 
 
-def test_cli_worker_end_to_end(moto_endpoint, instances, unique, tmp_path):
+def test_cli_worker_end_to_end(moto_endpoint, instances, unique, tmp_path, verdict_key):
     s3, sqs, bucket, evalq, resq = _setup(unique)
     row = instances["evalplane__textkit-1"]
     job = _job(row, bucket, unique, resq, row["patch"])
@@ -55,11 +55,14 @@ def test_cli_worker_end_to_end(moto_endpoint, instances, unique, tmp_path):
     )
     assert r.returncode == 0, r.stderr
 
-    msgs = sqs.receive_message(QueueUrl=resq, MaxNumberOfMessages=10, WaitTimeSeconds=1).get("Messages", [])
+    msgs = sqs.receive_message(QueueUrl=resq, MaxNumberOfMessages=10, WaitTimeSeconds=1,
+                               MessageAttributeNames=[signing.SIG_ATTRIBUTE]).get("Messages", [])
     assert len(msgs) == 1
+    sig = msgs[0]["MessageAttributes"][signing.SIG_ATTRIBUTE]["StringValue"]
+    assert signing.verify(verdict_key, msgs[0]["Body"], sig)  # signed with the verdict key, over its body
     v = Envelope.model_validate_json(msgs[0]["Body"]).msg
     assert isinstance(v, Verdict) and v.ref == job.ref
-    assert v.outcome is EvalOutcome.RESOLVED and v.resolved
+    assert v.outcome is EvalOutcome.RESOLVED and v.resolved and v.tamper_flags == []
     assert v.report_uri == job.artifacts_prefix + "eval/report.json"
     assert json.loads(aws.get_text(v.report_uri))[row["instance_id"]] == v.report
 

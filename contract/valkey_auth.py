@@ -1,0 +1,95 @@
+"""Valkey credentials: the admin URL the dispatcher uses, and the per-run users tasks get.
+
+Locally, scripts/stack.sh runs the project's own server with no default user and an admin whose URL it writes
+(0600) to .state/valkey/admin.url; VALKEY_URL overrides it. Each run gets its own ACL user (`run_user`) that can
+touch only that run's keys and its pool's pacing keys (the pool's limits read-only); tasks receive that user's
+name and password in their environment (USER_ENV, PASSWORD_ENV), never the admin's. On AWS the same two variables
+come from Secrets Manager through the harness task definition (an ElastiCache RBAC user).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from contract import keys
+
+USER_ENV = "EVALPLANE_VALKEY_USER"
+PASSWORD_ENV = "EVALPLANE_VALKEY_PASSWORD"
+ADMIN_URL_FILE = Path("valkey") / "admin.url"  # under the state folder (scripts/stack.sh writes it)
+
+
+def _state_dir() -> Path:
+    root = Path(__file__).resolve().parent.parent
+    return Path(os.environ.get("EVALPLANE_STATE_DIR", root / ".state"))
+
+
+def default_url() -> str:
+    """VALKEY_URL, else the project's own server's admin URL (scripts/stack.sh up)."""
+    if url := os.environ.get("VALKEY_URL"):
+        return url
+    f = _state_dir() / ADMIN_URL_FILE
+    if f.exists():
+        return f.read_text().strip()
+    raise RuntimeError(f"VALKEY_URL is not set and {f} does not exist: run scripts/stack.sh up")
+
+
+def has_credentials(url: str) -> bool:
+    return bool(urlsplit(url).password)
+
+
+def with_credentials(url: str, user: str | None = None, password: str | None = None) -> str:
+    """`url` with a user and password: those given, else USER_ENV/PASSWORD_ENV's; unchanged if neither is set or
+    the URL already carries credentials."""
+    user = user if user is not None else os.environ.get(USER_ENV)
+    password = password if password is not None else os.environ.get(PASSWORD_ENV)
+    u = urlsplit(url)
+    if not password or u.password:
+        return url
+    host = u.hostname or ""
+    netloc = f"{quote(user or '', safe='')}:{quote(password, safe='')}@{host}" + (f":{u.port}" if u.port else "")
+    return urlunsplit((u.scheme, netloc, u.path, u.query, u.fragment))
+
+
+def without_credentials(url: str) -> str:
+    u = urlsplit(url)
+    netloc = (u.hostname or "") + (f":{u.port}" if u.port else "")
+    return urlunsplit((u.scheme, netloc, u.path, u.query, u.fragment))
+
+
+def run_user(run: str) -> str:
+    return f"ep-run-{run}"
+
+
+def _glob(text: str) -> str:
+    """A literal inside an ACL key pattern (glob): run and pool names are taken as they are."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def run_user_rules(run: str, pool: str, password: str) -> list[str]:
+    """ACL SETUSER rules: the run's keys read-write; its pool's pacer state and discovered headers read-write, its
+    limits read-only (the dispatcher's PoolPacer owns them); nothing else. Commands: data and scripts, no admin,
+    no key enumeration, no flushing of scripts."""
+    run_keys = _glob(keys.run_budget(run).removesuffix("budget")) + "*"  # ep:run:{run}:*
+    return [
+        "reset", "on", f">{password}", "resetchannels",
+        f"~{run_keys}",
+        f"%RW~{_glob(keys.pool_pacer(pool))}", f"%RW~{_glob(keys.pool_discovered(pool))}",
+        f"%R~{_glob(keys.pool_limits(pool))}",
+        "-@all", "+@read", "+@write", "+@keyspace", "+@hash", "+@string", "+@transaction", "+@scripting",
+        "+@connection", "+time",
+        "-@admin", "-@dangerous", "-scan", "-script|flush", "-script|kill", "-function", "-select", "-swapdb",
+    ]
+
+
+def ensure_run_user(admin, run: str, pool: str, password: str) -> str:
+    """Create (or reset to the same rules) the run's user, with the admin connection. Returns its name."""
+    name = run_user(run)
+    admin.execute_command("ACL", "SETUSER", name, *run_user_rules(run, pool, password))
+    return name
+
+
+def remove_run_user(admin, run: str) -> None:
+    admin.execute_command("ACL", "DELUSER", run_user(run))
