@@ -21,7 +21,7 @@ def test_the_agent_can_read_no_secret(runs):
     assert scan["found"] == [], scan["found"]
     # Nor does anything else the agent's commands printed hold one (the whole trajectory, every observation).
     text = json.dumps(red["trajectory"])
-    assert not [c for c in red["canaries"].values() if c in text]
+    assert not [name for name, value in red["secrets"].items() if value and value in text]
     assert CANARY.findall(text) == []
 
 
