@@ -100,9 +100,23 @@ def logs_statements(log_group_arns: list[Any]) -> list[dict]:
     ]
 
 
-def queue_arn_pattern(queue_prefix: str) -> pulumi.Output[str]:
-    """Every per-run queue: the dispatcher names them `<queuePrefix><run>-<kind>`."""
-    return pulumi.Output.concat("arn:aws:sqs:", region(), ":", account_id(), ":", queue_prefix, "*")
+# The per-run queues, as dispatcher/resources.py names them: `<queuePrefix>ep-<run>-<kind>` (tests/infra checks that
+# the dispatcher's names match these).
+RESULTS_QUEUES = "ep-*-results"  # tasks' ledger batches and results
+EVAL_QUEUES = "ep-*-eval"  # eval jobs
+VERDICT_QUEUES = "ep-*-verdicts"  # verdicts: only the eval role may send here
+
+
+def queue_arn_pattern(queue_prefix: str, names: str = "*") -> pulumi.Output[str]:
+    """Per-run queues: every one (names "*"), or those whose names (after the prefix) match `names`."""
+    return pulumi.Output.concat("arn:aws:sqs:", region(), ":", account_id(), ":", queue_prefix, names)
+
+
+def deny(actions: list[str], resources: Any, sid: str | None = None) -> dict:
+    st: dict[str, Any] = {"Effect": "Deny", "Action": actions, "Resource": resources}
+    if sid:
+        st["Sid"] = sid
+    return st
 
 
 QUEUE_WORKER_ACTIONS = [
@@ -115,10 +129,33 @@ QUEUE_WORKER_ACTIONS = [
 ]
 
 
+def queue_statements(queue_prefix: str, queues: str) -> list[dict]:
+    """What a role may do with the per-run queues. "all": everything (the dispatcher and its writers); "task": send
+    to results queues only, and never to a verdict queue (an explicit deny: no other grant can lift it); "eval":
+    consume eval queues and send to verdict queues only; "none": nothing."""
+    if queues == "all":
+        return [statement(QUEUE_WORKER_ACTIONS, [queue_arn_pattern(queue_prefix)])]
+    if queues == "task":
+        return [
+            statement(["sqs:SendMessage", "sqs:GetQueueUrl"], [queue_arn_pattern(queue_prefix, RESULTS_QUEUES)]),
+            deny(["sqs:SendMessage"], [queue_arn_pattern(queue_prefix, VERDICT_QUEUES)], sid="NoVerdictsFromTasks"),
+        ]
+    if queues == "eval":
+        return [
+            statement([a for a in QUEUE_WORKER_ACTIONS if a != "sqs:SendMessage"],
+                      [queue_arn_pattern(queue_prefix, EVAL_QUEUES)]),
+            statement(["sqs:SendMessage", "sqs:GetQueueUrl"], [queue_arn_pattern(queue_prefix, VERDICT_QUEUES)]),
+        ]
+    if queues == "none":
+        return []
+    raise ValueError(f"queues: {queues!r} is not all, task, eval or none")
+
+
 def run_data_statements(
-    bucket_arn: Any, key_arn: Any, queue_prefix: str, runs_prefix: str = "runs/", write: bool = True
+    bucket_arn: Any, key_arn: Any, queue_prefix: str, runs_prefix: str = "runs/", write: bool = True,
+    queues: str = "all",
 ) -> list[dict]:
-    """S3 under the runs prefix, the per-run queues, and the bucket key."""
+    """S3 under the runs prefix, the per-run queues (queue_statements), and the bucket key."""
     obj_actions = ["s3:GetObject", "s3:GetObjectTagging"]
     if write:
         obj_actions += ["s3:PutObject", "s3:PutObjectTagging"]
@@ -127,6 +164,6 @@ def run_data_statements(
         statement(
             ["s3:ListBucket"], [bucket_arn], condition={"StringLike": {"s3:prefix": [f"{runs_prefix}*"]}}
         ),
-        statement(QUEUE_WORKER_ACTIONS, [queue_arn_pattern(queue_prefix)]),
+        *queue_statements(queue_prefix, queues),
         statement(["kms:Decrypt", "kms:GenerateDataKey"], [key_arn]),
     ]

@@ -23,7 +23,7 @@ from components.common import (
     tags,
 )
 from components.ec2 import AL2023_AMI, instance_profile, launch_template
-from contract import task_shape
+from contract import task_shape, valkey_auth
 
 
 # ------------------------------------------------------------------------------------------ judge
@@ -34,6 +34,7 @@ class JudgeArgs:
     key_arn: pulumi.Input[str]
     aurora_endpoint: pulumi.Input[str]
     aurora_secret_arn: pulumi.Input[str]
+    valkey_secret_arn: pulumi.Input[str]  # the harness Valkey user: the judge's shims pace like tasks' do
     gateway_url: pulumi.Input[str]
     platform_repo_arn: pulumi.Input[str]
     platform_repo_url: pulumi.Input[str]
@@ -71,7 +72,8 @@ class Judge(pulumi.ComponentResource):
             [
                 *ecr_pull_statements([args.platform_repo_arn]),
                 *logs_statements([log_group.arn]),
-                statement(["secretsmanager:GetSecretValue"], [args.aurora_secret_arn, self.judge_key.arn]),
+                statement(["secretsmanager:GetSecretValue"],
+                          [args.aurora_secret_arn, self.judge_key.arn, args.valkey_secret_arn]),
                 statement(["kms:Decrypt"], [args.key_arn]),
             ],
             t,
@@ -81,12 +83,12 @@ class Judge(pulumi.ComponentResource):
             f"{name}-task-role",
             "ecs-tasks.amazonaws.com",
             "judge-task",
-            run_data_statements(args.bucket_arn, args.key_arn, args.queue_prefix),
+            run_data_statements(args.bucket_arn, args.key_arn, args.queue_prefix, queues="none"),
             t,
         )
         containers = pulumi.Output.all(
             args.platform_repo_url, log_group.name, region(), args.aurora_endpoint, args.gateway_url,
-            args.aurora_secret_arn, self.judge_key.arn,
+            args.aurora_secret_arn, self.judge_key.arn, args.valkey_secret_arn,
         ).apply(
             lambda a: json.dumps(
                 [
@@ -103,6 +105,8 @@ class Judge(pulumi.ComponentResource):
                             {"name": "DATABASE_USERNAME", "valueFrom": f"{a[5]}:username::"},
                             {"name": "DATABASE_PASSWORD", "valueFrom": f"{a[5]}:password::"},
                             {"name": task_shape.JUDGE_KEY_ENV, "valueFrom": a[6]},
+                            {"name": valkey_auth.USER_ENV, "valueFrom": f"{a[7]}:username::"},
+                            {"name": valkey_auth.PASSWORD_ENV, "valueFrom": f"{a[7]}:password::"},
                         ],
                         "logConfiguration": {
                             "logDriver": "awslogs",

@@ -20,6 +20,7 @@ from components.common import (
     tags,
 )
 from components.ec2 import AL2023_ECS_AMI, instance_profile, launch_template
+from contract import signing
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class EvalFleetArgs:
     bucket_arn: pulumi.Input[str]
     key_arn: pulumi.Input[str]
     valkey_arn: pulumi.Input[str]
+    verdict_key_arn: pulumi.Input[str]  # what workers sign verdicts with (an ECS secret of the worker container)
     eval_repo_arn: pulumi.Input[str]
     platform_repo_arn: pulumi.Input[str]
     platform_repo_url: pulumi.Input[str]
@@ -147,7 +149,9 @@ class EvalFleet(pulumi.ComponentResource):
             f"{name}-exec-role",
             "ecs-tasks.amazonaws.com",
             "eval-exec",
-            [*ecr_pull_statements([args.platform_repo_arn]), *logs_statements([self.log_group.arn])],
+            [*ecr_pull_statements([args.platform_repo_arn]), *logs_statements([self.log_group.arn]),
+             statement(["secretsmanager:GetSecretValue"], [args.verdict_key_arn]),
+             statement(["kms:Decrypt"], [args.key_arn])],
             t,
         )
         self.task_role = role_with_policy(
@@ -156,13 +160,14 @@ class EvalFleet(pulumi.ComponentResource):
             "ecs-tasks.amazonaws.com",
             "eval-task",
             [
-                *run_data_statements(args.bucket_arn, args.key_arn, args.queue_prefix),
+                # eval queues in, verdict queues out (only this role may send there)
+                *run_data_statements(args.bucket_arn, args.key_arn, args.queue_prefix, queues="eval"),
                 *ecr_pull_statements([args.eval_repo_arn]),  # per-instance images, pulled via the host's Docker
                 statement(["elasticache:Connect"], [args.valkey_arn]),
             ],
             t,
         )
-        containers = pulumi.Output.all(args.platform_repo_url, self.log_group.name, region()).apply(
+        containers = pulumi.Output.all(args.platform_repo_url, self.log_group.name, region(), args.verdict_key_arn).apply(
             lambda a: json.dumps(
                 [
                     {
@@ -171,6 +176,7 @@ class EvalFleet(pulumi.ComponentResource):
                         "essential": True,
                         "memory": args.worker_memory,
                         "mountPoints": [{"sourceVolume": "docker-sock", "containerPath": "/var/run/docker.sock"}],
+                        "secrets": [{"name": signing.VERDICT_KEY_ENV, "valueFrom": a[3]}],
                         "logConfiguration": {
                             "logDriver": "awslogs",
                             "options": {"awslogs-group": a[1], "awslogs-region": a[2], "awslogs-stream-prefix": "eval"},

@@ -28,6 +28,7 @@ litellm_settings:
 router_settings:
   redis_host: os.environ/REDIS_HOST
   redis_port: os.environ/REDIS_PORT
+  redis_password: os.environ/REDIS_PASSWORD
 model_list: []
 """
 
@@ -45,6 +46,7 @@ class GatewayArgs:
     aurora_endpoint: pulumi.Input[str]
     aurora_secret_arn: pulumi.Input[str]
     valkey_endpoint: pulumi.Input[str]
+    valkey_secret_arn: pulumi.Input[str]  # the gateway's Valkey user ({username, password})
     image: str
     image_tag: str
     providers: tuple[str, ...]
@@ -87,7 +89,7 @@ class Gateway(pulumi.ComponentResource):
         log_group = aws.cloudwatch.LogGroup(
             f"{name}-logs", name=f"/{p}/gateway", retention_in_days=args.log_retention_days, tags=t, opts=child(self)
         )
-        secret_arns = [self.provider_keys.arn, self.master_key.arn, args.aurora_secret_arn]
+        secret_arns = [self.provider_keys.arn, self.master_key.arn, args.aurora_secret_arn, args.valkey_secret_arn]
         self.execution_role = role_with_policy(
             self,
             f"{name}-exec-role",
@@ -122,7 +124,7 @@ class Gateway(pulumi.ComponentResource):
         rgn = aws.get_region_output().region
         container = pulumi.Output.all(
             log_group.name, rgn, args.bucket_name, args.aurora_endpoint, args.valkey_endpoint,
-            self.provider_keys.arn, self.master_key.arn, args.aurora_secret_arn,
+            self.provider_keys.arn, self.master_key.arn, args.aurora_secret_arn, args.valkey_secret_arn,
         ).apply(
             lambda a: json.dumps(
                 [
@@ -146,6 +148,8 @@ class Gateway(pulumi.ComponentResource):
                             {"name": "LITELLM_MASTER_KEY", "valueFrom": a[6]},
                             {"name": "DATABASE_USERNAME", "valueFrom": f"{a[7]}:username::"},
                             {"name": "DATABASE_PASSWORD", "valueFrom": f"{a[7]}:password::"},
+                            {"name": "REDIS_USERNAME", "valueFrom": f"{a[8]}:username::"},
+                            {"name": "REDIS_PASSWORD", "valueFrom": f"{a[8]}:password::"},
                         ],
                         "logConfiguration": {
                             "logDriver": "awslogs",

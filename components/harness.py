@@ -25,7 +25,7 @@ from components.common import (
     statement,
     tags,
 )
-from contract import task_shape
+from contract import task_shape, valkey_auth
 
 TEMPLATE_IMAGE_TAG = "template-placeholder"  # every launch registers a revision with its task image instead
 STATE_VOLUME = "state"
@@ -38,6 +38,7 @@ class HarnessFleetArgs:
     bucket_arn: pulumi.Input[str]
     key_arn: pulumi.Input[str]
     valkey_arn: pulumi.Input[str]
+    valkey_secret_arn: pulumi.Input[str]  # the harness Valkey user ({username, password}): tasks' only credential
     task_images_repo_arn: pulumi.Input[str]
     task_images_repo_url: pulumi.Input[str]
     queue_prefix: str
@@ -89,7 +90,7 @@ class HarnessFleet(pulumi.ComponentResource):
             [
                 *ecr_pull_statements([args.task_images_repo_arn]),
                 *logs_statements([self.log_group.arn]),
-                statement(["secretsmanager:GetSecretValue"], [self.upstream_key.arn]),
+                statement(["secretsmanager:GetSecretValue"], [self.upstream_key.arn, args.valkey_secret_arn]),
                 statement(["kms:Decrypt"], [args.key_arn]),
             ],
             t,
@@ -100,14 +101,15 @@ class HarnessFleet(pulumi.ComponentResource):
             "ecs-tasks.amazonaws.com",
             "harness-task",
             [
-                *run_data_statements(args.bucket_arn, args.key_arn, args.queue_prefix),
+                # results queues only (never a verdict queue: IAM, and the writer's signature check)
+                *run_data_statements(args.bucket_arn, args.key_arn, args.queue_prefix, queues="task"),
                 statement(["elasticache:Connect"], [args.valkey_arn]),
             ],
             t,
         )
         containers = pulumi.Output.all(
-            args.task_images_repo_url, self.log_group.name, region(), self.upstream_key.arn
-        ).apply(lambda a: json.dumps([task_container(f"{a[0]}:{TEMPLATE_IMAGE_TAG}", a[1], a[2], a[3])]))
+            args.task_images_repo_url, self.log_group.name, region(), self.upstream_key.arn, args.valkey_secret_arn
+        ).apply(lambda a: json.dumps([task_container(f"{a[0]}:{TEMPLATE_IMAGE_TAG}", a[1], a[2], a[3], a[4])]))
         self.task_definition = aws.ecs.TaskDefinition(
             f"{name}-task",
             family=f"{p}-harness",
@@ -136,8 +138,9 @@ class HarnessFleet(pulumi.ComponentResource):
         )
 
 
-def task_container(image: str, log_group: str, region_name: str, upstream_key_arn: str) -> dict:
-    """The one container of every agent task (contract/task_shape.py): RunTask overrides only its command."""
+def task_container(image: str, log_group: str, region_name: str, upstream_key_arn: str, valkey_secret_arn: str) -> dict:
+    """The one container of every agent task (contract/task_shape.py): RunTask overrides its command and adds its
+    attempt key (contract.signing.ATTEMPT_KEY_ENV) to its environment. Secrets: the upstream key, the Valkey user."""
     return {
         "name": task_shape.CONTAINER,
         "image": image,
@@ -147,7 +150,11 @@ def task_container(image: str, log_group: str, region_name: str, upstream_key_ar
             {"name": "EVALPLANE_STATE_DIR", "value": task_shape.STATE_DIR},
             {"name": "AWS_REGION", "value": region_name},
         ],
-        "secrets": [{"name": task_shape.UPSTREAM_KEY_ENV, "valueFrom": upstream_key_arn}],
+        "secrets": [
+            {"name": task_shape.UPSTREAM_KEY_ENV, "valueFrom": upstream_key_arn},
+            {"name": valkey_auth.USER_ENV, "valueFrom": f"{valkey_secret_arn}:username::"},
+            {"name": valkey_auth.PASSWORD_ENV, "valueFrom": f"{valkey_secret_arn}:password::"},
+        ],
         # the agent edits /testbed in place, so the root filesystem stays writable; STATE_DIR is a task volume
         "readonlyRootFilesystem": False,
         "mountPoints": [{"sourceVolume": STATE_VOLUME, "containerPath": task_shape.STATE_DIR, "readOnly": False}],

@@ -1,4 +1,11 @@
-"""State: the KMS key, Aurora PostgreSQL Serverless v2, the Valkey replication group, the artifact bucket, ECR."""
+"""State: the KMS key, Aurora PostgreSQL Serverless v2, the Valkey replication group, the artifact bucket, ECR.
+
+Valkey requires TLS and a user (an RBAC user group, the default user off): the dispatcher's user has every key; the
+harness user (tasks, the judge) only run keys and pool pacing keys, no admin commands
+(contract.valkey_auth.task_rules); the gateway's user its own LiteLLM keys. Each user's name and password are a
+Secrets Manager secret ({"username", "password"}) that task definitions hand to their containers as ECS secrets. The
+verdict key (eval workers sign verdicts with it, the results writer checks them) is a secret too.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +16,26 @@ import pulumi
 import pulumi_aws as aws
 
 from components.common import child, tags
+from contract import valkey_auth
 
 RUNS_PREFIX = "runs/"
 CONFIG_PREFIX = "config/"
 KIND_TAG = "evalplane:kind"  # object tag the lifecycle rules key on: "log" or "trajectory"
 REPOSITORIES = ("harness-base", "eval-images", "platform")
+# ElastiCache user name -> its access string. The group must hold a user named "default"; ours is off.
+LITELLM_KEYS = "~* -@dangerous"  # LiteLLM's router keys are its own; the gateway is ours, not the agent's
+VALKEY_USERS = {
+    "default": "off -@all",
+    "dispatcher": "on ~* &* +@all",
+    "harness": "on " + " ".join(valkey_auth.task_rules("*", "*")),
+    "gateway": "on &* +@all " + LITELLM_KEYS,
+}
+
+
+def _password(name: str) -> pulumi.Output[str]:
+    """A generated password (alphanumeric: ElastiCache refuses some punctuation), kept secret in the state."""
+    return pulumi.Output.secret(aws.secretsmanager.get_random_password_output(
+        password_length=40, exclude_punctuation=True).random_password)
 
 
 @dataclass(frozen=True)
@@ -93,9 +115,63 @@ class State(pulumi.ComponentResource):
             lambda s: s[0].secret_arn if s else ""
         )
 
-        # ---- Valkey: primary + replica across AZs, TLS required, encrypted at rest
+        # ---- Valkey: primary + replica across AZs, TLS required, encrypted at rest, a user and password required
         cache_subnets = aws.elasticache.SubnetGroup(
             f"{name}-valkey-subnets", subnet_ids=args.data_subnet_ids, tags=t, opts=child(self)
+        )
+        self.valkey_users: dict[str, aws.elasticache.User] = {}
+        self.valkey_secrets: dict[str, aws.secretsmanager.Secret] = {}
+        for role, access in VALKEY_USERS.items():
+            user_name = role if role == "default" else f"{p}-{role}"
+            password = _password(role)
+            self.valkey_users[role] = aws.elasticache.User(
+                f"{name}-valkey-{role}",
+                user_id=f"{p}-{role}",
+                user_name=user_name,
+                engine="valkey",
+                access_string=access,
+                authentication_mode={"type": "password", "passwords": [password]},
+                tags=t,
+                opts=child(self),
+            )
+            if role == "default":
+                continue
+            secret = self.valkey_secrets[role] = aws.secretsmanager.Secret(
+                f"{name}-valkey-{role}-secret",
+                name_prefix=f"{p}/valkey/{role}-",
+                description=f"Valkey user {user_name}: {{username, password}}",
+                kms_key_id=self.key.arn,
+                tags=t,
+                opts=child(self),
+            )
+            aws.secretsmanager.SecretVersion(
+                f"{name}-valkey-{role}-secret-value",
+                secret_id=secret.id,
+                secret_string=pulumi.Output.json_dumps({"username": user_name, "password": password}),
+                opts=child(self),
+            )
+        self.valkey_user_group = aws.elasticache.UserGroup(
+            f"{name}-valkey-users",
+            user_group_id=f"{p}-valkey",
+            engine="valkey",
+            user_ids=[u.user_id for u in self.valkey_users.values()],
+            tags=t,
+            opts=child(self),
+        )
+        # The verdict key: eval workers sign verdicts with it (an ECS secret), the results writer checks them.
+        self.verdict_key = aws.secretsmanager.Secret(
+            f"{name}-verdict-key",
+            name_prefix=f"{p}/eval/verdict-key-",
+            description="The key eval workers sign verdicts with; the results writer lands no verdict without it",
+            kms_key_id=self.key.arn,
+            tags=t,
+            opts=child(self),
+        )
+        aws.secretsmanager.SecretVersion(
+            f"{name}-verdict-key-value",
+            secret_id=self.verdict_key.id,
+            secret_string=_password("verdict-key"),
+            opts=child(self),
         )
         self.valkey = aws.elasticache.ReplicationGroup(
             f"{name}-valkey",
@@ -111,6 +187,7 @@ class State(pulumi.ComponentResource):
             transit_encryption_mode="required",
             at_rest_encryption_enabled=True,
             kms_key_id=self.key.arn,
+            user_group_ids=[self.valkey_user_group.user_group_id],
             subnet_group_name=cache_subnets.name,
             security_group_ids=[args.valkey_sg_id],
             tags=t,
@@ -224,6 +301,8 @@ class State(pulumi.ComponentResource):
         self.aurora_endpoint = self.aurora.endpoint
         self.valkey_endpoint = self.valkey.primary_endpoint_address
         self.valkey_arn = self.valkey.arn
+        self.valkey_secret_arns = {k: v.arn for k, v in self.valkey_secrets.items()}
+        self.verdict_key_arn = self.verdict_key.arn
         self.repo_arns = {k: v.arn for k, v in self.repositories.items()}
         self.repo_urls = {k: v.repository_url for k, v in self.repositories.items()}
         self.register_outputs(

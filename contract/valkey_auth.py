@@ -2,7 +2,7 @@
 
 Locally, scripts/stack.sh runs the project's own server with no default user and an admin whose URL it writes
 (0600) to .state/valkey/admin.url; VALKEY_URL overrides it. Each run gets its own ACL user (`run_user`) that can
-touch only that run's keys and its pool's pacing keys (the pool's limits read-only); tasks receive that user's
+touch only that run's keys and its pool's pacing keys (pacer, limits, discovered); tasks receive that user's
 name and password in their environment (USER_ENV, PASSWORD_ENV), never the admin's. On AWS the same two variables
 come from Secrets Manager through the harness task definition (an ElastiCache RBAC user).
 """
@@ -68,20 +68,27 @@ def _glob(text: str) -> str:
     return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
-def run_user_rules(run: str, pool: str, password: str) -> list[str]:
-    """ACL SETUSER rules: the run's keys read-write; its pool's pacer state and discovered headers read-write, its
-    limits read-only (the dispatcher's PoolPacer owns them); nothing else. Commands: data and scripts, no admin,
-    no key enumeration, no flushing of scripts."""
-    run_keys = _glob(keys.run_budget(run).removesuffix("budget")) + "*"  # ep:run:{run}:*
+def task_rules(run_glob: str, pool_glob: str) -> list[str]:
+    """What a task's user may do (ACL rules): the keys of the runs matching run_glob, and the pacer state, discovered
+    headers and limits of the pools matching pool_glob (the limits are the PoolPacer's, but the shim's admission
+    script declares them, and a script's declared keys need write access); no other key (not the PoolPacer's own
+    state, not the dashboard's). Commands: data and scripts; no admin, no key enumeration, no flushing of scripts.
+    Locally the globs are one run's and one pool's names; the estate's harness user has "*" for both."""
+    at = "\0"
+    run_keys = keys.run_budget(at).removesuffix("budget").replace(at, run_glob) + "*"  # ep:run:{<run>}:*
     return [
-        "reset", "on", f">{password}", "resetchannels",
-        f"~{run_keys}",
-        f"%RW~{_glob(keys.pool_pacer(pool))}", f"%RW~{_glob(keys.pool_discovered(pool))}",
-        f"%R~{_glob(keys.pool_limits(pool))}",
+        "resetchannels", f"~{run_keys}",
+        f"~{keys.pool_pacer(at).replace(at, pool_glob)}", f"~{keys.pool_discovered(at).replace(at, pool_glob)}",
+        f"~{keys.pool_limits(at).replace(at, pool_glob)}",
         "-@all", "+@read", "+@write", "+@keyspace", "+@hash", "+@string", "+@transaction", "+@scripting",
         "+@connection", "+time",
         "-@admin", "-@dangerous", "-scan", "-script|flush", "-script|kill", "-function", "-select", "-swapdb",
     ]
+
+
+def run_user_rules(run: str, pool: str, password: str) -> list[str]:
+    """ACL SETUSER rules of one run's user: task_rules for exactly that run and pool, with its password."""
+    return ["reset", "on", f">{password}", *task_rules(_glob(run), _glob(pool))]
 
 
 def ensure_run_user(admin, run: str, pool: str, password: str) -> str:

@@ -59,6 +59,7 @@ def print_summary(console: Console, report: Report, files: ReportFiles) -> None:
     row("attempts landed / planned", lambda f: f"{f.landed} / {f.planned}")
     row("statuses", lambda f: " ".join(f"{s.lower()}={n}" for s, n in sorted(f.statuses.items())))
     row("resolved instances", lambda f: f"{f.resolved_instances} / {f.instances}")
+    row("tamper-flagged attempts", lambda f: str(sum(1 for a in f.attempts if a.tamper_flags)))
     for k in sorted({p.k for f in report.runs for p in f.pass_at}):
         row(f"pass@{k} [95% CI]", lambda f, k=k: next(
             (f"{p.estimate.value:.3f} [{p.estimate.lo:.3f}, {p.estimate.hi:.3f}]" for p in f.pass_at if p.k == k),

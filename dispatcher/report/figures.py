@@ -38,6 +38,7 @@ class AttemptFigures(BaseModel):
     wall_time_s: float | None
     started_at: datetime | None
     ended_at: datetime | None
+    tamper_flags: list[dict] = []  # eval_worker.tamper: [{"rule", "files"}], beside the official status
 
 
 class InstanceFigures(BaseModel):
@@ -154,13 +155,14 @@ def load(conn: psycopg.Connection, run: str) -> tuple[RunFigures, Series]:
                   sum(pacer_wait_ms), sum(latency_ms)
            FROM calls WHERE run = %s GROUP BY instance_id, attempt""", (run,))}
     attempts = []
-    for iid, n, status, outcome, wall, started, ended in conn.execute(
-            """SELECT instance_id, attempt, status, outcome, wall_time_s, started_at, ended_at FROM attempts
-               WHERE run = %s ORDER BY instance_id, attempt""", (run,)):
+    for iid, n, status, outcome, wall, started, ended, flags in conn.execute(
+            """SELECT instance_id, attempt, status, outcome, wall_time_s, started_at, ended_at, tamper_flags
+               FROM attempts WHERE run = %s ORDER BY instance_id, attempt""", (run,)):
         calls, i, c, w, o, cost, *_ = ledger.get((iid, n), (0, 0, 0, 0, 0, Decimal(0)))
         attempts.append(AttemptFigures(instance_id=iid, attempt=n, status=status, outcome=outcome, calls=calls,
                                        input_tokens=i, cached_tokens=c, cache_write_tokens=w, output_tokens=o,
-                                       cost_usd=cost, wall_time_s=wall, started_at=started, ended_at=ended))
+                                       cost_usd=cost, wall_time_s=wall, started_at=started, ended_at=ended,
+                                       tamper_flags=flags or []))
 
     sums = [sum((v[j] for v in ledger.values()), start=Decimal(0) if j == 5 else 0) for j in range(10)]
     n_calls, t_in, t_cached, t_write, t_out, total, retries, retried, wait_ms, latency_ms = sums

@@ -26,6 +26,7 @@ def fetch_attempts(conn: psycopg.Connection, run: str) -> list[dict]:
     cur = conn.execute(
         """SELECT instance_id, attempt, model, outcome, status, patch_uri, patch_bytes, calls, input_tokens,
                   cached_tokens, cache_write_tokens, output_tokens, cost_usd, wall_time_s, eval_outcome, report, error,
+                  tamper_flags,
                   (SELECT count(*) FROM calls c WHERE c.run = a.run AND c.instance_id = a.instance_id
                      AND c.attempt = a.attempt) AS ledger_rows
            FROM attempts a WHERE run = %s ORDER BY instance_id, attempt""",
@@ -48,11 +49,26 @@ def results_table(run: str, attempts: list[dict]) -> Table:
         str(sum(a[k] for a in attempts)) for k in ("input_tokens", "cached_tokens", "output_tokens")))
     t.add_column("cost $", justify="right", footer=f"{sum(float(a['cost_usd']) for a in attempts):.6f}")
     t.add_column("wall s", justify="right")
+    flagged = sum(1 for a in attempts if a.get("tamper_flags"))
+    t.add_column("tamper flags", footer=f"{flagged} flagged" if flagged else "")
     for a in attempts:
         t.add_row(a["instance_id"], str(a["attempt"]), a["outcome"], a["status"], str(a["calls"]),
                   f"{a['input_tokens']}/{a['cached_tokens']}/{a['output_tokens']}", f"{float(a['cost_usd']):.6f}",
-                  f"{a['wall_time_s'] or 0:.1f}")
+                  f"{a['wall_time_s'] or 0:.1f}", tamper_text(a.get("tamper_flags")))
     return t
+
+
+def tamper_text(flags: list[dict] | None) -> str:
+    """`conftest: tests/conftest.py; test_file: ...` (eval_worker.tamper's rules and the files each named)."""
+    return "; ".join(f"{f['rule']}: {', '.join(f['files'])}" for f in flags or [])
+
+
+def add_tamper_flags(report_file: Path, attempts: list[dict]) -> None:
+    """The official report with one extra key, tamper_flags ({instance_id: [{"rule", "files"}]} for the flagged
+    attempts); every official key stays as make_run_report wrote it."""
+    report = json.loads(report_file.read_text())
+    report["tamper_flags"] = {a["instance_id"]: a["tamper_flags"] for a in attempts if a.get("tamper_flags")}
+    report_file.write_text(json.dumps(report, indent=4))
 
 
 def _status_footer(attempts: list[dict]) -> str:
@@ -103,6 +119,7 @@ def write_outputs(run: str, attempts: list[dict], dataset: list[dict], out_dir: 
             report = make_run_report(preds, selected, run_id, client=None, report_dir=".")
         mark_infra_failures(base / report, {a["instance_id"]: infra_reason(a) for a in mine
                                             if a["status"] == "INFRA_ERROR"})
+        add_tamper_flags(base / report, mine)
         written += [pred_file, base / report]
     return written
 

@@ -96,6 +96,9 @@ class EstateMocks(pulumi.runtime.Mocks):
         if tok == "aws:index/getAvailabilityZones:getAvailabilityZones":
             names = [f"{REGION}{c}" for c in "abcdef"]
             return {"names": names, "zoneIds": [f"use1-az{i}" for i in range(1, 7)], "id": REGION}
+        if tok == "aws:secretsmanager/getRandomPassword:getRandomPassword":
+            self.passwords = getattr(self, "passwords", 0) + 1
+            return {"randomPassword": f"mockpassword{self.passwords:04d}{'x' * 24}", "id": f"pw{self.passwords}"}
         if tok == "aws:index/getPartition:getPartition":
             return {"partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws"}
         return {}

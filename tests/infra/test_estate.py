@@ -215,7 +215,8 @@ def test_encryption_everywhere(estate_snapshot):
     rule = sse.inputs["rules"][0]["applyServerSideEncryptionByDefault"]
     assert rule == {"sseAlgorithm": "aws:kms", "kmsMasterKeyId": key_arn}
     secrets = s.of("aws:secretsmanager/secret:Secret")
-    assert len(secrets) == 4 and all(x.inputs["kmsKeyId"] == key_arn for x in secrets)  # gateway x2, harness, judge
+    # gateway x2, harness, judge; Valkey's dispatcher, harness and gateway users; the verdict key
+    assert len(secrets) == 8 and all(x.inputs["kmsKeyId"] == key_arn for x in secrets)
     for lt in s.of("aws:ec2/launchTemplate:LaunchTemplate"):
         assert all(bd["ebs"]["encrypted"] == "true" for bd in lt.inputs["blockDeviceMappings"])
 

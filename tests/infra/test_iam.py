@@ -42,12 +42,17 @@ def test_run_scoped_grants(estate_snapshot):
     bucket_arn = "arn:aws:s3:::evalplane-state-artifacts-bucket"
 
     def resources(name, action):
-        return {r for st in p[name]["Statement"] if action in st["Action"]
+        return {r for st in p[name]["Statement"] if action in st["Action"] and st["Effect"] == "Allow"
                 for r in (st["Resource"] if isinstance(st["Resource"], list) else [st["Resource"]])}
 
+    queues = "arn:aws:sqs:us-east-1:123456789012:evalplane-"
     for role in ("harness-task", "eval-task", "judge-task", "dispatcher"):
         assert resources(role, "s3:PutObject") == {f"{bucket_arn}/runs/*"}, role
-        assert resources(role, "sqs:SendMessage") == {"arn:aws:sqs:us-east-1:123456789012:evalplane-*"}, role
+    # who may send where (tests/infra/test_untrusted.py: the denies, and moto enforcing them)
+    assert resources("dispatcher", "sqs:SendMessage") == {queues + "*"}
+    assert resources("harness-task", "sqs:SendMessage") == {queues + "ep-*-results"}
+    assert resources("eval-task", "sqs:SendMessage") == {queues + "ep-*-verdicts"}
+    assert resources("judge-task", "sqs:SendMessage") == set()
     assert resources("harness-task", "elasticache:Connect") == {
         "arn:aws:elasticache:us-east-1:123456789012:replicationgroup/evalplane-state-valkey-phys"
     }
@@ -98,12 +103,13 @@ def test_build_tier_pushes_task_images_and_the_instance_mirror(estate_snapshot):
     assert any(r.inputs["securityGroupId"] == groups["evalplane-sg-aurora"]
                and r.inputs.get("referencedSecurityGroupId") == groups["evalplane-sg-build"] and r.inputs["fromPort"] == 5432
                for r in s.of("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"))
-    # harness tasks pull their task image, and read the upstream key secret, and nothing else of that kind
+    # harness tasks pull their task image, and read the upstream key and their Valkey user's secrets, nothing else
     exec_doc = p["harness-exec"]["Statement"]
     (pull,) = [st for st in exec_doc if "ecr:BatchGetImage" in st["Action"]]
     assert pull["Resource"] == [repos["evalplane/task-images"]]
     (secret,) = [st for st in exec_doc if "secretsmanager:GetSecretValue" in st["Action"]]
-    assert secret["Resource"] == [s.outputs["harness_upstream_key_secret_arn"]]
+    valkey_user = s.one("aws:secretsmanager/secret:Secret", "evalplane-state-valkey-harness-secret").outputs["arn"]
+    assert secret["Resource"] == [s.outputs["harness_upstream_key_secret_arn"], valkey_user]
 
 
 def test_iam_violations_catches_bad_documents():

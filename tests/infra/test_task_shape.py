@@ -7,7 +7,7 @@ import json
 
 import boto3
 
-from contract import task_shape
+from contract import task_shape, valkey_auth
 from dispatcher.launchers.ecs import EcsLauncher
 from dispatcher.launchers.stack_outputs import StackOutputs
 from dispatcher.launchers.task_definitions import derive_revision, register_fields
@@ -43,8 +43,11 @@ def test_the_task_runner_is_the_entrypoint_and_the_job_uri_its_only_argument(est
 def test_the_provider_key_is_a_secret_under_the_runner_s_variable(estate_snapshot):
     s = estate_snapshot
     (task,) = _containers(s)
+    valkey_user = s.one("aws:secretsmanager/secret:Secret", "evalplane-state-valkey-harness-secret").outputs["arn"]
     assert task["secrets"] == [{"name": task_shape.UPSTREAM_KEY_ENV,
-                                "valueFrom": s.outputs["harness_upstream_key_secret_arn"]}]
+                                "valueFrom": s.outputs["harness_upstream_key_secret_arn"]},
+                               {"name": valkey_auth.USER_ENV, "valueFrom": f"{valkey_user}:username::"},
+                               {"name": valkey_auth.PASSWORD_ENV, "valueFrom": f"{valkey_user}:password::"}]
     assert task_shape.UPSTREAM_KEY_ENV not in {e["name"] for e in task["environment"]}  # never in plain text
     secret = s.one("aws:secretsmanager/secret:Secret", "evalplane-harness-upstream-key")
     assert secret.outputs["arn"] == s.outputs["harness_upstream_key_secret_arn"]
