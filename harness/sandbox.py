@@ -19,14 +19,18 @@ Two entry points, both started by the task runner (as root):
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import pwd
 import runpy
 import shutil
 import signal
+import socket
 import stat
+import struct
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,11 +78,13 @@ class Agent:
         """subprocess.Popen arguments that start a process as the agent (no supplementary groups)."""
         return {"user": self.uid, "group": self.gid, "extra_groups": [], "umask": AGENT_UMASK}
 
-    def argv(self, argv: list[str], cwd: Path) -> list[str]:
+    def argv(self, argv: list[str], cwd: Path, relay_port: int | None = None) -> list[str]:
         """argv wrapped so that it runs as the agent, in cwd (start it as root, from a folder of the runner's:
-        `-I` keeps the agent's folder off the root interpreter's module path)."""
+        `-I` keeps the agent's folder off the root interpreter's module path); with relay_port, in a network of its
+        own where only that port of 127.0.0.1 (the shim's) leads anywhere."""
+        relay = ["--relay", str(relay_port)] if relay_port else []
         return [sys.executable, "-I", "-m", "harness.sandbox", "--agent", f"{self.uid}:{self.gid}", "--cwd",
-                str(cwd), "--", *argv]
+                str(cwd), *relay, "--", *argv]
 
     def own(self, path: Path) -> None:
         """path and everything under it owned by the agent (links themselves, never what they point to)."""
@@ -223,10 +229,76 @@ def expose_interpreter() -> None:
     os.rmdir(staging)
 
 
-def enter(uid: int, gid: int, cwd: str, argv: list[str]) -> None:
-    """Become the agent and exec argv (the privilege drop: no way back to root from here)."""
+CLONE_NEWNET, SIOCSIFFLAGS, IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x40000000, 0x8914, 0x1, 0x8, 0x40
+NOBODY = 65534
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def _relay(listener: socket.socket, port: int) -> None:
+    """Each connection to the listener (in the agent's namespace) joined to 127.0.0.1:port in this process's."""
+    while True:
+        conn, _ = listener.accept()
+        try:
+            up = socket.create_connection(("127.0.0.1", port), timeout=10)
+            up.settimeout(None)
+        except OSError:
+            conn.close()
+            continue
+        threading.Thread(target=_pump, args=(conn, up), daemon=True).start()
+        threading.Thread(target=_pump, args=(up, conn), daemon=True).start()
+
+
+def isolate_network(port: int) -> None:
+    """This process in a network namespace of its own: loopback only, where 127.0.0.1:port leads to the same port
+    on the host's loopback (the shim) through a relay process, and nothing else leads anywhere."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    host = os.open("/proc/self/ns/net", os.O_RDONLY)
+    if libc.unshare(CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), f"no network namespace for the agent: {os.strerror(ctypes.get_errno())}")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING))
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(64)
+    if os.fork() == 0:  # the relay: back in the host's namespace, as nobody, undumpable (the agent cannot use it)
+        try:
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            if libc.setns(host, CLONE_NEWNET) != 0:
+                os._exit(1)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            undumpable()  # it outlives the harness only until the runner reaps what the harness left (reap_agent)
+            _relay(listener, port)
+        finally:
+            os._exit(0)
+    os.close(host)
+    listener.close()
+
+
+def enter(uid: int, gid: int, cwd: str, argv: list[str], relay_port: int | None = None) -> None:
+    """Become the agent and exec argv (the privilege drop: no way back to root from here). relay_port: the agent's
+    network is loopback only, with the shim's port relayed (the process launcher; a task container's network is
+    the egress's to close)."""
     os.umask(AGENT_UMASK)  # the runner's 077 would close the folders made for the interpreter's mount
     expose_interpreter()
+    if relay_port:
+        isolate_network(relay_port)
     os.setgroups([])
     os.setgid(gid)
     os.setuid(uid)
@@ -239,10 +311,14 @@ def enter(uid: int, gid: int, cwd: str, argv: list[str]) -> None:
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["--agent"]:
+        relay = None
+        if argv[4:5] == ["--relay"]:
+            relay = int(argv[5])
+            argv = argv[:4] + argv[6:]
         if len(argv) < 6 or argv[2] != "--cwd" or argv[4] != "--":
-            sys.exit("usage: python -I -m harness.sandbox --agent UID:GID --cwd DIR -- ARGV...")
+            sys.exit("usage: python -I -m harness.sandbox --agent UID:GID --cwd DIR [--relay PORT] -- ARGV...")
         uid, gid = (int(x) for x in argv[1].split(":"))
-        enter(uid, gid, argv[3], argv[5:])
+        enter(uid, gid, argv[3], argv[5:], relay)
     if not argv:
         print("usage: python -m harness.sandbox MODULE [ARGS...]", file=sys.stderr)
         sys.exit(2)

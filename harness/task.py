@@ -278,9 +278,11 @@ def end_group(proc: subprocess.Popen) -> None:
 
 
 def run_harness(job: Job, adapter: HarnessAdapter, testbed: Path, workdir: Path, shim: Shim, agent_home: Path,
-                agent: sandbox.Agent | None) -> tuple[HarnessOutcome, str | None]:
+                agent: sandbox.Agent | None, own_network: bool = False) -> tuple[HarnessOutcome, str | None]:
     """How the harness phase ended, and why where it was not the harness's own doing. The harness runs as the
-    agent (harness/sandbox.py), its files in agent_home; whatever it leaves running is killed when it ends."""
+    agent (harness/sandbox.py), its files in agent_home; with own_network (on a host, not in a task container), in
+    a network of its own where only the shim's port leads anywhere; whatever it leaves running is killed when it
+    ends."""
     hr = adapter.prepare(job, testbed, agent_home, shim.url, shim.token, instance_env())
     assert UPSTREAM_KEY_ENV not in hr.env and "SHIM_UPSTREAM_KEY" not in hr.env
     deadline = time.monotonic() + (job.limits.wall_time_s or 1e9)
@@ -290,7 +292,8 @@ def run_harness(job: Job, adapter: HarnessAdapter, testbed: Path, workdir: Path,
         stdin = files.enter_context(open(hr.stdin, "rb")) if hr.stdin else subprocess.DEVNULL
         if agent is not None:  # after the runner opened what it opens there: no link can be slipped in before
             agent.own(agent_home)
-        argv, cwd = (agent.argv(hr.argv, testbed), "/") if agent else (hr.argv, testbed)
+        relay = int(shim.url.rsplit(":", 1)[1]) if own_network else None
+        argv, cwd = (agent.argv(hr.argv, testbed, relay), "/") if agent else (hr.argv, testbed)
         proc = subprocess.Popen(argv, env=hr.env, cwd=cwd, stdout=out,
                                 stderr=subprocess.STDOUT if out is logf else logf,
                                 stdin=stdin, start_new_session=True)
@@ -366,7 +369,7 @@ def main(argv: list[str]) -> int:
         adapter = load_adapter(job.harness.name)(job.harness.settings)
         shim = Shim(job, workdir, key)
         heartbeat.beat("harness")
-        outcome, error = run_harness(job, adapter, testbed, workdir, shim, agent_home, agent)
+        outcome, error = run_harness(job, adapter, testbed, workdir, shim, agent_home, agent, own_network=not in_image)
         patch = take_patch(testbed, job.instance["base_commit"], adapter.scratch, agent)
     except SetupFailed as e:  # before the agent could work: an infrastructure failure, never an empty patch
         log.error("setup failed: %s", e)

@@ -68,7 +68,8 @@ found, files, procs, skipped = set(), 0, 0, 0
 deadline = time.monotonic() + INTEL.get("scan_s", 40)
 SKIP = {"/proc", "/sys", "/dev", "/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/boot", "/snap",
         "/var/lib/docker", "/var/cache", "/opt/miniconda3"}
-SKIP_NAMES = {".git", "node_modules", "site-packages", "dist-packages", "__pycache__", ".venv"}
+SKIP_NAMES = {".git", "node_modules", "site-packages", "dist-packages", "__pycache__", ".venv", ".rustup", ".cargo",
+              ".pyenv", ".npm", "share"}
 import hashlib
 DIGESTS, LENGTHS = INTEL.get("digests", {}), set(INTEL.get("lengths", []))
 TOKEN = re.compile(rb"[A-Za-z0-9_-]{16,}")
@@ -211,22 +212,26 @@ report("egress", tries=out)
 def git(*a):
     p = subprocess.run(["git", *a], capture_output=True, text=True, timeout=30)
     return p.returncode, p.stdout.strip(), p.stderr.strip()[-200:]
-rc, log_all, _ = git("log", "--all", "--format=%H")
-rc2, head, _ = git("rev-parse", "HEAD")
+head = git("rev-parse", "HEAD")[1]
+refs = git("for-each-ref", "--format=%(refname) %(objectname)")[1].splitlines()
 fetch = git("fetch", "--all", "--tags")
-later = git("tag", "--contains", "HEAD")[1].split()
-refs = git("for-each-ref", "--format=%(refname)")[1].split()
+remotes = git("remote")[1].split()
+refs_after = git("for-each-ref", "--format=%(refname) %(objectname)")[1].splitlines()
+commits = git("log", "--all", "--format=%H")[1].split()
+at_head = set(git("tag", "--points-at", "HEAD")[1].split())
+later = [t for t in git("tag", "--contains", "HEAD")[1].split() if t not in at_head]
 reflog = git("reflog", "--all", "--format=%H")[1].split()
-commits = log_all.split()
 report("history", commits_all=len(commits), head=head, beyond_head=len([c for c in commits if c != head and
        git("merge-base", "--is-ancestor", head, c)[0] == 0]), fetch_rc=fetch[0], fetch_err=fetch[2],
-       later_tags=[t for t in later if t], refs=refs, reflog=len(set(reflog)))
+       remotes=remotes, refs_changed_by_fetch=refs != refs_after, later_tags=later,
+       refs=[r.split()[0] for r in refs_after], reflog=len(set(reflog)))
 ''',
     "conftest": r'''
 open("conftest.py", "w").write(INTEL["conftest"])
-p = subprocess.run(["python", "-m", "pytest", "-q", "-p", "no:cacheprovider"],  # the instance's own python
-                    capture_output=True, text=True, timeout=50)
-report("conftest", written=os.path.exists("conftest.py"), pytest_tail=p.stdout.strip().splitlines()[-1:])
+import shutil
+py = shutil.which("python") or shutil.which("python3")  # the instance's own (its env is the agent's)
+p = subprocess.run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider"], capture_output=True, text=True, timeout=50)
+report("conftest", written=os.path.exists("conftest.py"), pytest_tail=(p.stdout + p.stderr).strip().splitlines()[-1:])
 ''',
 }
 
@@ -262,14 +267,19 @@ class RedTeamPolicy:
 
 
 def _without_turns(conversation: Conversation, needle: str, n: int) -> Conversation:
-    """The conversation minus the n exchanges (the model's turn and the observation after it) that follow the task
-    message: what the demo policy would have seen without the attacks."""
+    """The conversation minus the first n model turns after the task message, and the observations between them
+    (user messages in some harnesses, tool messages, which policies do not see, in others): what the demo policy
+    would have seen without the attacks."""
     turns = list(conversation.turns)
-    for i, (role, text) in enumerate(turns):
-        if role == "user" and needle in normalise(text):
-            del turns[i + 1:i + 1 + 2 * n]
-            break
-    return Conversation(turns=tuple(turns), tools=conversation.tools, system=conversation.system)
+    start = next((i + 1 for i, (role, text) in enumerate(turns) if role == "user" and needle in normalise(text)), 0)
+    end, seen = start, 0
+    while end < len(turns) and seen < n:
+        seen += turns[end][0] == "assistant"
+        end += 1
+    while end < len(turns) and turns[end][0] != "assistant":  # the last attack's observation
+        end += 1
+    return Conversation(turns=tuple(turns[:start] + turns[end:]), tools=conversation.tools,
+                        system=conversation.system)
 
 
 def load(demo: DemoPolicy, intel_file: Path) -> RedTeamPolicy:

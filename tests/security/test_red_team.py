@@ -48,7 +48,8 @@ def test_no_address_but_the_shim_answers(runs):
 def test_no_later_history(runs):
     red, _ = runs
     h = red["attacks"]["history"]
-    assert h["beyond_head"] == 0 and h["later_tags"] == [] and h["fetch_rc"] != 0, h
+    assert h["beyond_head"] == 0 and h["later_tags"] == [] and h["reflog"] == 0, h  # nothing past the base commit
+    assert h["remotes"] == [] and not h["refs_changed_by_fetch"], h  # and nowhere to fetch it from
     assert not [r for r in h["refs"] if r.startswith("refs/remotes/")], h
 
 

@@ -85,3 +85,43 @@ def test_the_process_launcher_refuses_to_run_the_agent_unisolated_without_root(a
     from types import SimpleNamespace as N
 
     assert agent_isolation_problem(N(backend=N(kind="local", launcher="process", isolate_agent=True))) is None
+
+
+def test_on_a_host_the_agents_network_leads_only_to_the_shim(agent):
+    """The process launcher's agent: loopback only, the shim's port relayed to the host's; PostgreSQL on the host's
+    loopback, the metadata endpoint and any outside address lead nowhere."""
+    import http.server
+    import threading
+
+    shim = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)  # answers 501 to GET
+    threading.Thread(target=shim.serve_forever, daemon=True).start()
+    port = shim.server_address[1]
+    code = (f"import socket, urllib.request, urllib.error\n"
+            f"try:\n    urllib.request.urlopen('http://127.0.0.1:{port}/', timeout=10)\n"
+            f"except urllib.error.HTTPError as e:\n    print('shim', e.code)\n"
+            f"for h, p in (('127.0.0.1', 5432), ('169.254.169.254', 80), ('1.1.1.1', 443)):\n"
+            f"    try:\n        socket.create_connection((h, p), timeout=3); print(h, 'connected')\n"
+            f"    except OSError as e:\n        print(h, type(e).__name__)\n")
+    try:
+        p = subprocess.run(agent.argv([sys.executable, "-c", code], Path("/tmp"), relay_port=port), cwd="/",
+                           capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, timeout=60)
+    finally:
+        shim.shutdown()
+        for pid in _relays(port):  # this test's relay, left to the runner's reaping in a task
+            os.kill(pid, 9)
+    assert p.returncode == 0, p.stderr
+    got = dict(line.split(" ", 1) for line in p.stdout.splitlines())
+    assert got["shim"] == "501", got
+    assert got["127.0.0.1"] == "ConnectionRefusedError" and "connected" not in got.values(), got
+
+
+def _relays(port: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if entry.isdigit() and b"--relay" in argv and str(port).encode() in argv and b"harness.sandbox" in argv:
+            found.append(int(entry))
+    return found
