@@ -8,6 +8,7 @@ applies the same patch as the honest run: a wrong fix and the attack's conftest.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -183,11 +184,8 @@ def run_once(tmp: Path, launcher: str, red: bool, base_env: dict, database_url: 
     spec.write_text(spec_text(run, launcher, sim.url, dataset))
     watch = BudgetWatch(valkey, run)
     try:
-        for _ in range(3):  # a loaded machine can keep Ray's node from starting in its fixed 30 s: run again (resume)
-            p = subprocess.run([sys.executable, "-m", "dispatcher", "run", str(spec), "--out", str(tmp / "out")],
-                               env=base_env, capture_output=True, text=True, timeout=2400, cwd=ROOT)
-            if p.returncode == 0 or "node timed out during startup" not in p.stderr:
-                break
+        p = subprocess.run([sys.executable, "-m", "dispatcher", "run", str(spec), "--out", str(tmp / "out")],
+                           env=base_env, capture_output=True, text=True, timeout=2400, cwd=ROOT)
     finally:
         budget = watch.stop()
         sim.stop()
@@ -254,8 +252,6 @@ def security_env(database_url, valkey_url, moto_endpoint, tmp_path_factory):
     return os.environ | {
         "DATABASE_URL": database_url, "VALKEY_URL": valkey_url, "AWS_ENDPOINT_URL": moto_endpoint,
         "EVALPLANE_STATE_DIR": str(tmp_path_factory.mktemp("security-state")), "RAY_USAGE_STATS_ENABLED": "0",
-        # a loaded machine starts Ray's dashboard agent slowly; the raylet's default wait for it is shorter
-        "RAY_agent_register_timeout_ms": "28000",
     } | {k: canary() for k in CANARY_ENV}
 
 
@@ -268,12 +264,45 @@ def valkey_session(valkey_url):
     r.close()
 
 
+@contextlib.contextmanager
+def ray_cluster():
+    """A local Ray cluster the runs' dispatchers join (RAY_ADDRESS), started here until it starts: on a loaded
+    machine Ray's node can miss its fixed start-up deadlines, which a dispatcher would take as fatal."""
+    import ray
+
+    saved = {k: os.environ.get(k) for k in RAY_ENV}
+    os.environ.update(RAY_ENV)  # the cluster's processes take them from this process's environment
+    try:
+        for attempt in range(4):
+            try:
+                ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="evalplane",
+                         _node_ip_address="127.0.0.1")
+                break
+            except Exception:  # noqa: BLE001 - Ray's start-up timeout; try again
+                ray.shutdown()
+                if attempt == 3:
+                    raise
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+# Ray's node start-up deadline, longer than its default on a loaded machine; the drivers join without a token
+RAY_ENV = {"RAY_raylet_start_wait_time_s": "120", "RAY_AUTH_MODE": "disabled"}
+
+
 @pytest.fixture(scope="session")
 def process_runs(security_env, database_url, valkey_session, tmp_path_factory):
     """(red team, honest) with the process launcher."""
     tmp = tmp_path_factory.mktemp("process-runs")
-    red = run_once(tmp / "red", "process", True, security_env, database_url, valkey_session)
-    honest = run_once(tmp / "honest", "process", False, security_env, database_url, valkey_session)
+    with ray_cluster() as address:
+        env = security_env | RAY_ENV | {"RAY_ADDRESS": address}
+        red = run_once(tmp / "red", "process", True, env, database_url, valkey_session)
+        honest = run_once(tmp / "honest", "process", False, env, database_url, valkey_session)
     return red, honest
 
 
@@ -284,8 +313,10 @@ def docker_runs(docker_engine, security_env, database_url, valkey_session, tmp_p
                         str(SYNTHETIC / "instances.jsonl")], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
     tmp = tmp_path_factory.mktemp("docker-runs")
-    red = run_once(tmp / "red", "docker", True, security_env, database_url, valkey_session)
-    honest = run_once(tmp / "honest", "docker", False, security_env, database_url, valkey_session)
+    with ray_cluster() as address:
+        env = security_env | RAY_ENV | {"RAY_ADDRESS": address}
+        red = run_once(tmp / "red", "docker", True, env, database_url, valkey_session)
+        honest = run_once(tmp / "honest", "docker", False, env, database_url, valkey_session)
     return red, honest
 
 
