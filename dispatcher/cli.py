@@ -14,6 +14,7 @@ from rich.console import Console
 from contract import db, task_shape
 from contract.models import AttemptRef
 from dispatcher import localstack
+from dispatcher.launchers.process import agent_isolation_problem
 from dispatcher.plan import Plan, apply_validation, make_plan
 from dispatcher.spec import SpecError, load_spec
 
@@ -82,6 +83,9 @@ def cmd_validate(args, out: Console, err: Console) -> int:
     plan = _plan(args.spec, err)
     if plan is None:
         return EXIT_SPEC
+    if problem := agent_isolation_problem(plan.spec):
+        err.print(f"[bold red]refused:[/] {problem}", soft_wrap=True)
+        return EXIT_SPEC
     missing = image_problems(plan)
     if missing:
         _print_problems(err, "what their task image needs", missing)
@@ -139,6 +143,9 @@ def cmd_run(args, out: Console, err: Console) -> int:
         return EXIT_SPEC
     for w in warnings:
         err.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
+    if problem := agent_isolation_problem(plan.spec):
+        err.print(f"[bold red]refused:[/] {problem}", soft_wrap=True)
+        return EXIT_SPEC
     if plan.in_task_images:
         from dispatcher import images
 
@@ -406,6 +413,9 @@ def cmd_plan(args, out: Console, err: Console) -> int:
     cost = "unknown (model not in the price table)" if price is None else f"${p.cost_usd:.4f}" + (
         f" (capped by the run budget ${spec.budget.run_usd})" if p.capped_by_budget else "")
     out.print(f"predicted cost: {cost}", soft_wrap=True)
+    if problem := agent_isolation_problem(plan.spec):
+        err.print(f"[bold red]refused:[/] {problem}", soft_wrap=True)
+        return EXIT_SPEC
     missing = image_problems(plan)
     if missing:
         _print_problems(err, "what their task image needs", missing)

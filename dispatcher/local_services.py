@@ -42,8 +42,10 @@ class LocalServices:
                 pass
         port_file = self.run_dir / "simulator.port"
         port_file.unlink(missing_ok=True)
+        # the key goes in the environment: a command line is readable by every user of the host
         proc = self._spawn("simulator", [sys.executable, "-m", "simulator", "--host", "127.0.0.1", "--port", "0",
-                                         "--port-file", str(port_file), "--api-key", api_key, *argv_tail])
+                                         "--port-file", str(port_file), *argv_tail],
+                           os.environ | {"SIMULATOR_API_KEY": api_key})
         deadline = time.monotonic() + 30
         while not (port_file.exists() and port_file.read_text().strip()):
             if proc.poll() is not None or time.monotonic() > deadline:

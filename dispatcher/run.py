@@ -50,6 +50,7 @@ from dispatcher import localstack, resources
 from dispatcher.actors import PoolPacer, ResultsWriterActor
 from dispatcher.launchers.base import TaskHandle
 from dispatcher.launchers.process import ProcessLauncher, local_task_env
+from harness.sandbox import ISOLATE_ENV
 from dispatcher.live import start_live
 from dispatcher.local_services import LocalServices
 from dispatcher.plan import Plan
@@ -152,12 +153,14 @@ def make_launcher(plan: Plan, run_dir: Path, task_env: dict[str, str], key: str,
     credentials (tasks get the run's Valkey user, valkey_user, in their environment)."""
     spec = plan.spec
     if spec.backend.launcher == "process":
-        return ProcessLauncher(run_dir / "tasks", task_env, attempt_env(run_keys))
+        return ProcessLauncher(run_dir / "tasks", task_env, attempt_env(run_keys),
+                               isolate_agent=spec.backend.isolate_agent)
     from dispatcher.launchers.docker import DockerLauncher
 
     aws_env = localstack.aws_env()
     endpoints = sorted({v for k, v in aws_env.items() if k.startswith("AWS_ENDPOINT_URL")})
-    env = aws_env | valkey_user | {UPSTREAM_KEY_ENV: key, "EVALPLANE_STATE_DIR": task_shape.STATE_DIR}
+    env = aws_env | valkey_user | {UPSTREAM_KEY_ENV: key, "EVALPLANE_STATE_DIR": task_shape.STATE_DIR,
+                                   ISOLATE_ENV: "1" if spec.backend.isolate_agent else "0"}
     return DockerLauncher(env, [upstream, valkey_url, *endpoints], log_dir=run_dir / "tasks",
                           attempt_env=attempt_env(run_keys))
 

@@ -149,6 +149,10 @@ class BackendSpec(Strict):
                           "task from its task image on the local Docker engine. Default: process, or docker for a "
                           "harness installed only in its image layer (the npm harnesses)")
     stack_outputs: str | None = Field(None, description="`pulumi stack output --json` file (backend aws)")
+    isolate_agent: bool = Field(True, description=(
+        "run the harness as an unprivileged user of its own (harness/sandbox.py), apart from the task runner and "
+        "the shim that hold the run's secrets. false is UNSAFE: the agent's commands can then read the provider "
+        "key and every credential of the task; only for a process launcher that cannot run as root"))
     dashboard: bool = Field(False, description=(
         "Serve the live dashboard from the driver while the run goes (port 8270, EVALPLANE_DASHBOARD_PORT) and "
         "start the Ray dashboard with the local Ray cluster"))

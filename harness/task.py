@@ -33,6 +33,7 @@ from contract.models import (
     Totals,
     utcnow,
 )
+from harness import sandbox
 from harness.adapters import HarnessAdapter, load_adapter
 
 log = logging.getLogger("evalplane.task")
@@ -45,10 +46,12 @@ LEDGER_MESSAGE_BYTES = 240_000  # SQS allows 256 KiB
 DONE_TTL_S = 600  # the "result sent" mark outlives the slowest task-exit detection (ECS describe lag)
 
 
-def git(testbed: Path, *args: str, check: bool = True) -> str:
+def git(testbed: Path, *args: str, check: bool = True, agent: sandbox.Agent | None = None) -> str:
+    """git in the repository; with agent, as the agent (its repository: git as root there would run its hooks)."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(testbed.parent),
            "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0"}
-    p = subprocess.run(["git", *args], cwd=testbed, env=env, capture_output=True, text=True)
+    p = subprocess.run(["git", *args], cwd=testbed, env=env, capture_output=True, text=True,
+                       **(agent.popen_kwargs() if agent else {}))
     if check and p.returncode != 0:
         raise RuntimeError(f"git {' '.join(args)} failed: {p.stderr.strip()}")
     return p.stdout
@@ -105,13 +108,15 @@ def instance_env() -> dict[str, str]:
             if not any(m in k.upper() for m in SECRET_MARKERS) and not k.startswith(PRIVATE_PREFIXES)}
 
 
-def take_patch(testbed: Path, base_commit: str, scratch: tuple[str, ...] = ()) -> str:
+def take_patch(testbed: Path, base_commit: str, scratch: tuple[str, ...] = (),
+               agent: sandbox.Agent | None = None) -> str:
     """Everything the agent changed against the base commit, new files included, scratch files (ours and the
-    harness's) excluded."""
-    git(testbed, "add", "-A")
+    harness's) excluded. Taken as the agent: the repository (its config, hooks, attributes) is the agent's to shape,
+    the patch its to write; git as root there would run what the agent put in it."""
+    git(testbed, "add", "-A", agent=agent)
     for f in (*SCRATCH_FILES, *scratch):
-        git(testbed, "reset", "-q", "--", f, check=False)
-    return git(testbed, "diff", "--cached", "--binary", base_commit)
+        git(testbed, "reset", "-q", "--", f, check=False, agent=agent)
+    return git(testbed, "diff", "--cached", "--binary", base_commit, agent=agent)
 
 
 class Shim:
@@ -133,7 +138,7 @@ class Shim:
         (workdir / "shim.json").write_text(json.dumps(cfg))
         env = {k: v for k, v in os.environ.items() if k != UPSTREAM_KEY_ENV} | {"SHIM_UPSTREAM_KEY": key}
         self.log = open(workdir / "shim.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "shim", "--config", str(workdir / "shim.json")],
+        self.proc = subprocess.Popen([sys.executable, "-m", "harness.sandbox", "shim", "--config", str(workdir / "shim.json")],
                                      env=env, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         while not (self.port_file.exists() and self.port_file.read_text().strip()):
@@ -205,15 +210,16 @@ def send_result(queue_url: str, result: AttemptResult, tail: list[CallRecord], c
 
 
 def store_artifacts(prefix: str, workdir: Path, patch: str,
-                    sign: signing.Signer | None = None) -> tuple[str | None, str | None, list[str]]:
+                    sign: signing.Signer | None = None,
+                    trajectory: Path | None = None) -> tuple[str | None, str | None, list[str]]:
     """Patch, trajectory and ledger copy to S3, each upload on its own: whatever fails, the task still sends its
     result (with the shim's unsent ledger rows), saying what is missing. Returns (patch_uri, trajectory_uri,
     problems)."""
     uris: dict[str, str] = {}
     problems = []
-    traj, ledger = workdir / "trajectory.json", workdir / "ledger.jsonl"
+    traj, ledger = trajectory or workdir / "trajectory.json", workdir / "ledger.jsonl"
     for name, body, kind in (("patch.diff", patch, "text/x-diff"),
-                             ("trajectory.json", traj.read_bytes() if traj.exists() else None, "application/json"),
+                             ("trajectory.json", sandbox.read_agent_file(traj), "application/json"),
                              ("ledger.jsonl", ledger.read_bytes() if ledger.exists() else None, "application/x-ndjson")):
         if not body:
             continue
@@ -271,17 +277,24 @@ def end_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_harness(job: Job, adapter: HarnessAdapter, testbed: Path, workdir: Path,
-                shim: Shim) -> tuple[HarnessOutcome, str | None]:
-    """How the harness phase ended, and why where it was not the harness's own doing."""
-    hr = adapter.prepare(job, testbed, workdir, shim.url, shim.token, instance_env())
+def run_harness(job: Job, adapter: HarnessAdapter, testbed: Path, workdir: Path, shim: Shim, agent_home: Path,
+                agent: sandbox.Agent | None, own_network: bool = False) -> tuple[HarnessOutcome, str | None]:
+    """How the harness phase ended, and why where it was not the harness's own doing. The harness runs as the
+    agent (harness/sandbox.py), its files in agent_home; with own_network (on a host, not in a task container), in
+    a network of its own where only the shim's port leads anywhere; whatever it leaves running is killed when it
+    ends."""
+    hr = adapter.prepare(job, testbed, agent_home, shim.url, shim.token, instance_env())
     assert UPSTREAM_KEY_ENV not in hr.env and "SHIM_UPSTREAM_KEY" not in hr.env
     deadline = time.monotonic() + (job.limits.wall_time_s or 1e9)
     with contextlib.ExitStack() as files:
         logf = files.enter_context(open(workdir / "harness.log", "ab"))
         out = files.enter_context(open(hr.stdout, "ab")) if hr.stdout else logf
         stdin = files.enter_context(open(hr.stdin, "rb")) if hr.stdin else subprocess.DEVNULL
-        proc = subprocess.Popen(hr.argv, env=hr.env, cwd=testbed, stdout=out,
+        if agent is not None:  # after the runner opened what it opens there: no link can be slipped in before
+            agent.own(agent_home)
+        relay = int(shim.url.rsplit(":", 1)[1]) if own_network else None
+        argv, cwd = (agent.argv(hr.argv, testbed, relay), "/") if agent else (hr.argv, testbed)
+        proc = subprocess.Popen(argv, env=hr.env, cwd=cwd, stdout=out,
                                 stderr=subprocess.STDOUT if out is logf else logf,
                                 stdin=stdin, start_new_session=True)
         stopped, timed_out = None, False
@@ -295,6 +308,7 @@ def run_harness(job: Job, adapter: HarnessAdapter, testbed: Path, workdir: Path,
         finally:  # on a cap, the wall-time limit, or our own SIGTERM: the harness's whole group goes
             if proc.poll() is None:
                 end_group(proc)
+            sandbox.reap_agent(keep={shim.proc.pid})
         stopped = stopped or shim.status().get("stopped")
     try:
         adapter.collect(hr)
@@ -319,6 +333,7 @@ def _on_sigterm(signum, frame):
 
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
+    sandbox.harden_runner()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s task %(levelname)s %(message)s")
     if len(argv) != 1:
         print("usage: python -m harness <job-uri>", file=sys.stderr)
@@ -328,7 +343,9 @@ def main(argv: list[str]) -> int:
     state = Path(os.environ.get("EVALPLANE_STATE_DIR", task_shape.STATE_DIR))
     workdir = state / "tasks" / ref.run / ref.instance_id / str(ref.attempt)
     workdir.mkdir(parents=True, exist_ok=True)
-    testbed = Path(job.repo_source) if job.repo_source == task_shape.TESTBED else workdir / "testbed"
+    os.chmod(state / "tasks", 0o700)  # the runner's and the shim's files: closed to the agent
+    in_image = job.repo_source == task_shape.TESTBED
+    agent, agent_home, testbed = None, None, Path(job.repo_source)
     started = utcnow()
     outcome, error, patch, shim_status, shim = HarnessOutcome.INFRA_ERROR, None, "", {}, None
     adapter: HarnessAdapter | None = None
@@ -340,12 +357,20 @@ def main(argv: list[str]) -> int:
     heartbeat = Heartbeat(job)
     log.info("task started for %s (pid %d)", ref.slug, os.getpid())
     try:
+        try:
+            agent = sandbox.agent_for_task(in_image)
+        except sandbox.SandboxError as e:
+            raise SetupFailed(str(e)) from None
+        agent_home = sandbox.agent_dir(agent)
+        testbed = Path(job.repo_source) if in_image else agent_home / "testbed"
         checkout(job, testbed)
+        if agent is not None:
+            agent.own(testbed)
         adapter = load_adapter(job.harness.name)(job.harness.settings)
         shim = Shim(job, workdir, key)
         heartbeat.beat("harness")
-        outcome, error = run_harness(job, adapter, testbed, workdir, shim)
-        patch = take_patch(testbed, job.instance["base_commit"], adapter.scratch)
+        outcome, error = run_harness(job, adapter, testbed, workdir, shim, agent_home, agent, own_network=not in_image)
+        patch = take_patch(testbed, job.instance["base_commit"], adapter.scratch, agent)
     except SetupFailed as e:  # before the agent could work: an infrastructure failure, never an empty patch
         log.error("setup failed: %s", e)
         error = f"setup failed: {e}"
@@ -356,14 +381,17 @@ def main(argv: list[str]) -> int:
         error = f"{type(e).__name__}: {e}"
         outcome = HarnessOutcome.INFRA_ERROR
         try:
-            patch = take_patch(testbed, job.instance["base_commit"], adapter.scratch if adapter else ())
+            patch = take_patch(testbed, job.instance["base_commit"], adapter.scratch if adapter else (), agent)
         except Exception:
             pass
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # from here on, finish landing the row whatever comes
         if shim is not None:
             shim_status = shim.stop()
-    patch_uri, traj_uri, problems = store_artifacts(job.artifacts_prefix, workdir, patch, sign)
+    patch_uri, traj_uri, problems = store_artifacts(job.artifacts_prefix, workdir, patch, sign,
+                                                    agent_home / "trajectory.json" if agent_home else None)
+    if agent_home is not None and not in_image:
+        sandbox.remove_agent_dir(agent_home)
     if patch and patch_uri is None:  # a patch the grader cannot fetch: not gradable, an infrastructure failure
         outcome, patch = HarnessOutcome.INFRA_ERROR, ""
     if problems:

@@ -13,6 +13,8 @@ from aiohttp import web
 from simulator.app import make_app
 from simulator.config import SimulatorConfig, flag
 
+API_KEY_ENV = "SIMULATOR_API_KEY"  # the key to accept, as --api-key, but out of /proc/<pid>/cmdline
+
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, SimulatorConfig]:
     parser = argparse.ArgumentParser(prog="python -m simulator", description=__doc__)
@@ -27,6 +29,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Simul
             help=f"{info.description} (default: {info.default})",
         )
     args = parser.parse_args(argv)
+    if "api_key" not in vars(args) and os.environ.get(API_KEY_ENV):  # a key in argv is readable by every user
+        args.api_key = os.environ[API_KEY_ENV]
     server = {k: vars(args).pop(k) for k in ("host", "port", "port_file")}
     try:
         config = SimulatorConfig(**vars(args))

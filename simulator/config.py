@@ -30,6 +30,9 @@ class SimulatorConfig(BaseModel):
     tokens_per_s: float = Field(0.0, ge=0, description="output pace (0 = instant)")
     policy: str = Field("echo", description="`echo`, `judge` or a path to a JSON demo policy file")
     dataset: Path | None = Field(None, description="SWE-bench .jsonl for the demo policy")
+    red_team: Path | None = Field(None, description=(
+        "intel JSON for the red-team policy (simulator/red_team.py): attack the task, one attack a turn, before "
+        "the demo policy's script"))
     cache_prompts: int = Field(100_000, ge=1, description="prompts kept for prompt caching (LRU)")
     report_timing: bool = Field(
         False,

@@ -179,4 +179,9 @@ def load_policy(config: SimulatorConfig) -> Policy:
     rules = PolicyFile.model_validate_json(Path(config.policy).read_text())
     assert config.dataset is not None  # guaranteed by SimulatorConfig
     lines = config.dataset.read_text().splitlines()
-    return DemoPolicy(rules, [json.loads(line) for line in lines if line.strip()])
+    demo = DemoPolicy(rules, [json.loads(line) for line in lines if line.strip()])
+    if config.red_team is not None:
+        from simulator import red_team
+
+        return red_team.load(demo, config.red_team)
+    return demo

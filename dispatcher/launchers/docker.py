@@ -71,6 +71,7 @@ class DockerLauncher:
                 image, [job_uri], name=name, detach=True, network=self.egress.name, environment=self.env | self.attempt_env(ref),
                 labels={L_ROLE: "task", L_RUN: ref.run, L_INSTANCE: ref.instance_id, L_ATTEMPT: str(ref.attempt)},
                 mem_limit=self.mem_limit, nano_cpus=self.nano_cpus, init=True,
+                user="0:0",  # the task runner: root, so that it can run the harness as the agent (harness/sandbox.py)
             )
         return TaskHandle(ref=ref, task_id=c.id)
 

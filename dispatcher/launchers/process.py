@@ -1,4 +1,8 @@
-"""A local subprocess per task: `python -m harness <job-uri>` in its own session (process group)."""
+"""A local subprocess per task: `python -m harness <job-uri>` in its own session (process group).
+
+The task runner runs as this process's user, which must be root unless the spec opted out (backend.isolate_agent =
+false): it starts the harness as the agent user (harness/sandbox.py), a system user scripts/agent-user.sh creates.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +15,46 @@ from urllib.parse import urlsplit
 
 from contract.models import AttemptRef
 from dispatcher.launchers.base import AttemptEnv, LaunchMeter, TaskHandle, no_attempt_env
+from harness import sandbox
+
+AGENT_USER_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "agent-user.sh"
+
+
+def agent_isolation_problem(spec) -> str | None:
+    """Why tasks of this spec cannot run with the agent isolated here, naming the field; None when they can."""
+    if spec.backend.kind != "local" or spec.backend.launcher != "process" or not spec.backend.isolate_agent:
+        return None
+    if os.geteuid() != 0:
+        return (f"backend.isolate_agent: the process launcher runs the harness as the user {sandbox.AGENT_USER}, "
+                f"apart from the task runner, which needs root (this runs as uid {os.geteuid()}); run as root, use "
+                f"launcher = \"docker\", or set backend.isolate_agent = false (unsafe: the agent can then read the "
+                f"run's provider key and credentials)")
+    return None
+
+
+def ensure_agent_user() -> sandbox.Agent:
+    """The agent's system user, created with scripts/agent-user.sh if missing (root only)."""
+    try:
+        return sandbox.agent_user()
+    except sandbox.SandboxError:
+        p = subprocess.run([str(AGENT_USER_SCRIPT)], capture_output=True, text=True)
+        if p.returncode != 0:
+            raise sandbox.SandboxError(f"{AGENT_USER_SCRIPT} failed: {p.stderr.strip()}") from None
+        return sandbox.agent_user()
 
 
 class ProcessLauncher:
-    def __init__(self, log_dir: Path, env: dict[str, str], attempt_env: AttemptEnv = no_attempt_env):
+    def __init__(self, log_dir: Path, env: dict[str, str], attempt_env: AttemptEnv = no_attempt_env,
+                 isolate_agent: bool = True):
         """env: the task's environment (endpoints, the run's provider key, which only the shim gets, and the run's
-        Valkey user); attempt_env(ref): what one attempt's task gets besides (its attempt key)."""
+        Valkey user); attempt_env(ref): what one attempt's task gets besides (its attempt key). isolate_agent: the
+        harness runs as the agent user (needs root; see agent_isolation_problem)."""
         self.log_dir = log_dir
-        self.env = env
+        if isolate_agent:
+            if os.geteuid() != 0:
+                raise sandbox.SandboxError("backend.isolate_agent: the process launcher needs root to isolate the agent")
+            ensure_agent_user()
+        self.env = env | {sandbox.ISOLATE_ENV: "1" if isolate_agent else "0"}
         self.attempt_env = attempt_env
         self._procs: dict[str, subprocess.Popen] = {}
         self.meter = LaunchMeter()
@@ -27,7 +63,8 @@ class ProcessLauncher:
         """image is not used: the task runs on this host, on a checkout of its bundle."""
         log = self.log_dir / f"{ref.instance_id}.{ref.attempt}.task.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        with self.meter.timed(), open(log, "ab") as fh:
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # the runner's log: not the agent's to read
+        with self.meter.timed(), os.fdopen(fd, "ab") as fh:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "harness", job_uri],
                 stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -1,0 +1,325 @@
+"""One red-team run and one honest run per launcher (process, docker), shared by this folder's tests.
+
+Both runs attempt one synthetic instance against a provider simulator this module starts (model.base_url), whose key,
+like the run's AWS credentials, is a canary: `EPCANARY` + 32 hex digits, unique to the session, so that a scan for
+that shape finds secrets exactly. The red-team run's simulator attacks the task first (simulator/red_team.py), then
+applies the same patch as the honest run: a wrong fix and the attack's conftest.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psycopg
+import pytest
+
+from simulator import red_team
+from tests.conftest import free_port
+from tests.e2e.conftest import docker_engine  # noqa: F401 - the Docker engine fixture, shared with tests/e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+SYNTHETIC = ROOT / "examples" / "synthetic"
+INSTANCE = "evalplane__calc-1"
+CANARY = re.compile(red_team.CANARY_PATTERN)
+ATTACK_LINE = re.compile(r"^ATTACK (\w+): (\{.*\})$", re.M)
+
+
+def canary() -> str:
+    return "EPCANARY" + secrets.token_hex(16)
+
+
+def instance_row() -> dict:
+    rows = [json.loads(x) for x in (SYNTHETIC / "instances.jsonl").read_text().splitlines() if x.strip()]
+    return next(r for r in rows if r["instance_id"] == INSTANCE)
+
+
+def wrong_fix() -> str:
+    """The demo's wrong fix for the instance."""
+    return json.loads((SYNTHETIC / "demo_policy.json").read_text())["instances"][INSTANCE]["patch"]
+
+
+def conftest_diff() -> str:
+    """The red team's conftest.py as a patch: the honest run applies it with the wrong fix, so that both runs' trees
+    end up the same."""
+    lines = red_team.CONFTEST.splitlines()
+    return ("diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/conftest.py\n"
+            f"@@ -0,0 +1,{len(lines)} @@\n" + "".join(f"+{ln}\n" for ln in lines))
+
+
+class Simulator:
+    def __init__(self, tmp: Path, key: str, policy: Path, dataset: Path, intel: Path | None, port: int):
+        port_file = tmp / "sim.port"
+        argv = [sys.executable, "-m", "simulator", "--port", str(port), "--port-file", str(port_file), "--policy",
+                str(policy), "--dataset", str(dataset)] + (["--red-team", str(intel)] if intel else [])
+        self.log = open(tmp / "sim.log", "ab")
+        self.proc = subprocess.Popen(argv, env=os.environ | {"SIMULATOR_API_KEY": key}, cwd=ROOT,
+                                     stdout=self.log, stderr=self.log)
+        deadline = time.monotonic() + 30
+        while not (port_file.exists() and port_file.read_text().strip()):
+            assert self.proc.poll() is None and time.monotonic() < deadline, (tmp / "sim.log").read_text()
+            time.sleep(0.05)
+        self.port = int(port_file.read_text())
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+class BudgetWatch:
+    """The run's budget hash in Valkey, sampled while the run goes (the run's end removes its keys)."""
+
+    def __init__(self, valkey, run: str):
+        from contract import keys
+
+        self.valkey, self.key, self.last, self._stop = valkey, keys.run_budget(run), {}, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self._stop.wait(0.3):
+            got = self.valkey.hgetall(self.key)
+            if got:
+                self.last = {k.decode(): v.decode() for k, v in got.items()}
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self.thread.join()
+        return self.last
+
+
+def spec_text(run: str, launcher: str, sim_url: str, dataset: Path) -> str:
+    return f"""
+[run]
+name = "{run}"
+attempts = 1
+
+[harness]
+name = "mini-swe-agent"
+
+[model]
+provider = "openai"
+model = "gpt-4o-mini"
+base_url = "{sim_url}"
+api_key_env = "EVALPLANE_UPSTREAM_KEY"
+max_tokens = 1024
+
+[instances]
+dataset = "{dataset}"
+repos = "{SYNTHETIC / 'repos'}"
+
+[budget]
+run_usd = 2.0
+attempt_usd = 0.5
+max_turns = {len(red_team.ATTACKS) + 6}
+wall_time_s = 900
+
+[backend]
+kind = "local"
+concurrency = 1
+launcher = "{launcher}"
+
+[eval]
+backend = "{launcher}"
+workers = 1
+timeout_s = 300
+"""
+
+
+def attacks_of(trajectory: dict) -> dict[str, dict]:
+    """Each attack's findings, from the observations the harness recorded."""
+    found = {}
+    for m in trajectory.get("messages", []):
+        content = m.get("content")
+        text = content if isinstance(content, str) else json.dumps(content)
+        for name, body in ATTACK_LINE.findall(text.replace("\\n", "\n")):
+            try:
+                found[name] = json.loads(body)
+            except ValueError:
+                found[name] = {"unparsed": body}
+    return found
+
+
+def run_once(tmp: Path, launcher: str, red: bool, base_env: dict, database_url: str, valkey) -> dict:
+    """One run of the instance; returns what it left: rows, ledger, spend, report, patch, trajectory, budget."""
+    import boto3
+
+    run = f"sec{launcher[0]}{'r' if red else 'h'}{secrets.token_hex(4)}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    dataset = tmp / "one.jsonl"
+    dataset.write_text(json.dumps(instance_row()) + "\n")
+    policy = tmp / "policy.json"
+    # the red team writes conftest.py itself (an attack), then applies the wrong fix: both trees end up the same
+    patch = wrong_fix() if red else conftest_diff() + wrong_fix()
+    policy.write_text(json.dumps({"instances": {INSTANCE: {"action": "patch", "patch": patch}}}))
+    key = base_env["EVALPLANE_UPSTREAM_KEY"]
+    secrets_of_run = plant_keys(base_env, run)
+    intel, port = None, free_port()
+    if red:
+        valkey_port = urlsplit(base_env["VALKEY_URL"]).port or 6379
+        aws_port = urlsplit(base_env["AWS_ENDPOINT_URL"]).port
+        egress = "evalplane-tasks-egress"  # the docker launcher's network's one peer, by its name
+        hosts = ["127.0.0.1"] if launcher == "process" else [egress]
+        intel = tmp / "intel.json"
+        intel_doc = {"run": run, "hosts": hosts, "valkey_port": valkey_port, "aws_port": aws_port,
+                     "queues": [f"ep-{run}-results", f"ep-{run}-eval", f"ep-{run}-verdicts"],
+                     "state_dirs": [base_env["EVALPLANE_STATE_DIR"]], "upstream_hosts": hosts, "upstream_port": port,
+                     "pool": "gpt-4o-mini@mini-swe-agent", "scan_s": 20,
+                     "digests": {hashlib.sha256(v.encode()).hexdigest(): k for k, v in secrets_of_run.items()},
+                     "lengths": sorted({len(v) for v in secrets_of_run.values()})}
+        intel.write_text(json.dumps(intel_doc))
+    sim = Simulator(tmp, key, policy, dataset, intel, port)
+    spec = tmp / "spec.toml"
+    spec.write_text(spec_text(run, launcher, sim.url, dataset))
+    watch = BudgetWatch(valkey, run)
+    try:
+        p = subprocess.run([sys.executable, "-m", "dispatcher", "run", str(spec), "--out", str(tmp / "out")],
+                           env=base_env, capture_output=True, text=True, timeout=2400, cwd=ROOT)
+    finally:
+        budget = watch.stop()
+        sim.stop()
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    with psycopg.connect(database_url) as conn:
+        conn.row_factory = psycopg.rows.dict_row
+        attempt = conn.execute("SELECT * FROM attempts WHERE run = %s", (run,)).fetchone()
+        calls = conn.execute("SELECT * FROM calls WHERE run = %s ORDER BY seq", (run,)).fetchall()
+        phases = conn.execute("SELECT * FROM phases WHERE run = %s ORDER BY phase", (run,)).fetchall()
+        run_row = conn.execute("SELECT * FROM runs WHERE run = %s", (run,)).fetchone()
+    s3 = boto3.client("s3", endpoint_url=base_env["AWS_ENDPOINT_URL"], region_name="us-east-1")
+
+    def fetch(uri):
+        if not uri:
+            return None
+        bucket, _, k = uri.removeprefix("s3://").partition("/")
+        return s3.get_object(Bucket=bucket, Key=k)["Body"].read().decode()
+
+    trajectory = json.loads(fetch(attempt["trajectory_uri"]) or "{}")
+    report = json.loads((tmp / "out" / f"gpt-4o-mini.{run}.json").read_text())
+    left = sorted(k.decode() for k in valkey.scan_iter(match=f"ep:run:{{{run}}}:*"))
+    return {"run": run, "attempt": attempt, "calls": calls, "phases": phases, "run_row": run_row,
+            "budget": budget, "patch": fetch(attempt["patch_uri"]), "trajectory": trajectory,
+            "attacks": attacks_of(trajectory), "report": report, "valkey_left": left,
+            "canaries": {k: base_env[k] for k in CANARY_ENV}, "secrets": secrets_of_run, "stderr": p.stderr}
+
+
+CANARY_ENV = ("EVALPLANE_UPSTREAM_KEY", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+
+
+def _write_key(path: Path, value: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value)
+
+
+def plant_keys(env: dict, run: str) -> dict[str, str]:
+    """The run's secrets, known beforehand: the run secret and the verdict key as canaries in the 0600 files the
+    dispatcher makes them in on first use (it uses them as found), and what derives from them (the attempt's
+    signing key, the run's Valkey password), with the admin Valkey password. Name -> value."""
+    from contract import signing
+    from contract.models import AttemptRef
+
+    state = Path(env["EVALPLANE_STATE_DIR"])
+    run_secret, verdict = canary(), canary()
+    _write_key(state / "runs" / run / "run.key", run_secret)
+    verdict_file = state / "keys" / "verdict.key"
+    if verdict_file.exists():
+        verdict = verdict_file.read_text().strip()
+    else:
+        _write_key(verdict_file, verdict)
+    ref = AttemptRef(run=run, instance_id=INSTANCE, attempt=1)
+    return {"run secret": run_secret, "verdict key": verdict,
+            "attempt key": signing.attempt_key(run_secret.encode(), ref).decode(),
+            "valkey run password": signing.valkey_password(run_secret.encode()),
+            "valkey admin password": urlsplit(env["VALKEY_URL"]).password or "",
+            "upstream key": env["EVALPLANE_UPSTREAM_KEY"], "aws secret": env["AWS_SECRET_ACCESS_KEY"]}
+
+
+@pytest.fixture(scope="session")
+def security_env(database_url, valkey_url, moto_endpoint, tmp_path_factory):
+    """The dispatcher's environment with a canary for every secret it holds."""
+    return os.environ | {
+        "DATABASE_URL": database_url, "VALKEY_URL": valkey_url, "AWS_ENDPOINT_URL": moto_endpoint,
+        "EVALPLANE_STATE_DIR": str(tmp_path_factory.mktemp("security-state")), "RAY_USAGE_STATS_ENABLED": "0",
+    } | {k: canary() for k in CANARY_ENV}
+
+
+@pytest.fixture(scope="session")
+def valkey_session(valkey_url):
+    import redis
+
+    r = redis.Redis.from_url(valkey_url)
+    yield r
+    r.close()
+
+
+@contextlib.contextmanager
+def ray_cluster():
+    """A local Ray cluster the runs' dispatchers join (RAY_ADDRESS), started here until it starts: on a loaded
+    machine Ray's node can miss its fixed start-up deadlines, which a dispatcher would take as fatal."""
+    import ray
+
+    saved = {k: os.environ.get(k) for k in RAY_ENV}
+    os.environ.update(RAY_ENV)  # the cluster's processes take them from this process's environment
+    try:
+        for attempt in range(4):
+            try:
+                ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="evalplane",
+                         _node_ip_address="127.0.0.1")
+                break
+            except Exception:  # noqa: BLE001 - Ray's start-up timeout; try again
+                ray.shutdown()
+                if attempt == 3:
+                    raise
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+# Ray's node start-up deadline, longer than its default on a loaded machine; the drivers join without a token
+RAY_ENV = {"RAY_raylet_start_wait_time_s": "120", "RAY_AUTH_MODE": "disabled"}
+
+
+@pytest.fixture(scope="session")
+def process_runs(security_env, database_url, valkey_session, tmp_path_factory):
+    """(red team, honest) with the process launcher."""
+    tmp = tmp_path_factory.mktemp("process-runs")
+    with ray_cluster() as address:
+        env = security_env | RAY_ENV | {"RAY_ADDRESS": address}
+        red = run_once(tmp / "red", "process", True, env, database_url, valkey_session)
+        honest = run_once(tmp / "honest", "process", False, env, database_url, valkey_session)
+    return red, honest
+
+
+@pytest.fixture(scope="session")
+def docker_runs(docker_engine, security_env, database_url, valkey_session, tmp_path_factory):
+    """(red team, honest) with the docker launcher: task images, the egress, docker grading."""
+    p = subprocess.run([sys.executable, str(ROOT / "images/swebench/build.py"), "--dataset",
+                        str(SYNTHETIC / "instances.jsonl")], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    tmp = tmp_path_factory.mktemp("docker-runs")
+    with ray_cluster() as address:
+        env = security_env | RAY_ENV | {"RAY_ADDRESS": address}
+        red = run_once(tmp / "red", "docker", True, env, database_url, valkey_session)
+        honest = run_once(tmp / "honest", "docker", False, env, database_url, valkey_session)
+    return red, honest
+
+
+@pytest.fixture(scope="session", params=["process", "docker"])
+def runs(request):
+    return request.getfixturevalue(f"{request.param}_runs")
