@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from moto.sqs.models import SQSBackend
 
-from contract import aws
+from contract import aws, signing
 from contract.models import AttemptRef, AttemptResult, Envelope, EvalOutcome, HarnessOutcome, Verdict, utcnow
 from dispatcher import resources
 from dispatcher import run as runmod
@@ -110,25 +110,33 @@ def test_a_lost_verdict_and_a_dead_lettered_eval_job_end_as_infra_errors_and_the
 
 
 def test_slow_grading_is_never_cut_off_and_a_verdict_lost_after_its_job_lands_once_the_queue_is_quiet(
-        tmp_path, unique, pg, valkey, database_url, moto_endpoint):
+        tmp_path, unique, pg, valkey, database_url, moto_endpoint, run_keys):
     """The driver's side alone, on a clock it is handed: while a grader holds a job (its message in flight), no
     attempt is declared lost, however long that takes; once the eval queue holds none for eval.verdict_wait_s, the
     attempt whose grader deleted its job without a verdict arriving lands as verdict_lost, and a verdict that
-    comes after it changes nothing."""
+    comes after it changes nothing. Results and verdicts travel as a run's do: signed, on their own queues."""
     plan = make_plan(load_spec(spec_file(tmp_path, unique, verdict_wait_s=1)))
     runmod.open_run(pg, plan)
     res = resources.ensure(unique)
     slow, lost = (AttemptRef(run=unique, instance_id=i, attempt=1) for i in ("evalplane__calc-2", "evalplane__textkit-1"))
-    writer = ResultsWriter(res, database_url)
+    writer = ResultsWriter(res, database_url, keys=run_keys)
     t = utcnow()
+
+    def send_verdict(ref: AttemptRef) -> None:  # as an eval worker: on the verdict queue, signed with the verdict key
+        aws.send(res.verdict_queue_url, Envelope(msg=Verdict(ref=ref, outcome=EvalOutcome.RESOLVED, resolved=True,
+                                                             started_at=t, ended_at=utcnow())).model_dump_json(),
+                 sign=signing.signer(run_keys.verdict_key))
+
     for ref in (slow, lost):
         aws.put_text(res.job_uri(ref), runmod.make_job(plan, res, ref, "http://u.invalid", "redis://v.invalid")
                      .model_dump_json())
         aws.put_text(res.artifacts_prefix(ref) + "patch.diff", "diff --git a/x b/x\n")
-        writer.enqueue_eval(writer.land([Envelope(msg=AttemptResult(
+        aws.send(res.results_queue_url, Envelope(msg=AttemptResult(  # as its task: signed with the attempt's key
             ref=ref, harness="mini-swe-agent", pool=plan.spec.pool, model="gpt-4o-mini",
             outcome=HarnessOutcome.SUBMITTED, patch_uri=res.artifacts_prefix(ref) + "patch.diff", patch_bytes=20,
-            started_at=t, ended_at=t))]))
+            started_at=t, ended_at=t)).model_dump_json(), sign=run_keys.attempt_signer(ref))
+    while writer.poll_once(wait_s=0):  # lands both results and sends their eval jobs
+        pass
     sqs = aws.client("sqs")
     jobs = sqs.receive_message(QueueUrl=res.eval_queue_url, MaxNumberOfMessages=10, VisibilityTimeout=600)["Messages"]
     held = {json.loads(m["Body"])["ref"]["instance_id"]: m["ReceiptHandle"] for m in jobs}
@@ -140,22 +148,22 @@ def test_slow_grading_is_never_cut_off_and_a_verdict_lost_after_its_job_lands_on
         pg.commit()
         return got
 
-    loop = runmod.DriverLoop(plan, res, pg, valkey, None, None, None)
+    loop = runmod.DriverLoop(plan, res, pg, valkey, None, None, None, run_keys)
     t0 = time.monotonic()
     loop._await_verdicts(t0)
     time.sleep(1.5)  # both jobs were sent longer ago than the bound
     loop._await_verdicts(t0 + 1000)  # the slow one still in flight: the queue is not quiet, nothing is lost
     assert statuses() == {slow.instance_id: "PATCH_READY", lost.instance_id: "PATCH_READY"}
 
-    writer.land([Envelope(msg=Verdict(ref=slow, outcome=EvalOutcome.RESOLVED, resolved=True, started_at=t,
-                                      ended_at=utcnow()))])  # graded at last
+    send_verdict(slow)  # graded at last
+    assert writer.poll_once(wait_s=0) == 1
     sqs.delete_message(QueueUrl=res.eval_queue_url, ReceiptHandle=held[slow.instance_id])
     loop._await_verdicts(t0 + 1000.5)  # quiet, but not for the bound yet
     assert statuses() == {slow.instance_id: "RESOLVED", lost.instance_id: "PATCH_READY"}
     loop._await_verdicts(t0 + 1002)
     assert statuses() == {slow.instance_id: "RESOLVED", lost.instance_id: "INFRA_ERROR"} and loop.verdicts_lost == 1
-    writer.land([Envelope(msg=Verdict(ref=lost, outcome=EvalOutcome.RESOLVED, resolved=True, started_at=t,
-                                      ended_at=utcnow()))])  # too late: the first to land stays
+    send_verdict(lost)  # too late: the first to land stays
+    assert writer.poll_once(wait_s=0) == 1
     assert pg.execute("SELECT status, eval_outcome, report->>'infra_failure_reason' FROM attempts WHERE run = %s"
                       " AND instance_id = %s", (unique, lost.instance_id)).fetchone() == ("INFRA_ERROR", "infra_error",
                                                                                "verdict_lost")
