@@ -6,10 +6,13 @@
 The real dispatcher pieces (spec -> plan -> DriverLoop with the PoolPacer and two ResultsWriter Ray actors, job
 documents in S3, SQS, PostgreSQL, Valkey) with the simulated tasks of bench/sim_launcher.py (their own process:
 heartbeats, ledger batches while they run, then their result) in place of real ones. S3 and SQS are the stand-in
-(dispatcher/moto_server.py), each service on its own server process. Prints the targets' rows:
+(dispatcher/moto_server.py), each service on its own server process. The run's keys are made as a run makes them
+(dispatcher/run.py): each simulated task signs its messages with its attempt's key, and the writers verify every
+message before landing it. Prints the targets' rows:
   - every attempt exactly one row, every call one ledger row, and the run ended;
   - the driver's pass time while every task is live, and its peak RSS (the fleet is not in this process);
-  - the writer's landing rate into PostgreSQL (decoding included, from message bodies already received) as a ratio
+  - the writer's landing rate into PostgreSQL (decoding and signature checks included, from message bodies already
+    received) as a ratio
     to a raw COPY of the same rows into the same PostgreSQL, interleaved in five rounds in this run;
   - the wall time from the last result sent to the last row landed;
 and, beside them, what the SQS stand-in costs: the writers' time split between the stand-in (receive, delete) and
@@ -144,6 +147,7 @@ def _landing_ratio(writer_db: str, copy_db: str, sample: int, batches: int) -> d
 
     from contract import db
     from contract.models import AttemptRef, AttemptResult, Envelope
+    from contract.signing import RunKeys
     from dispatcher import resources
     from dispatcher.writer import _ATTEMPT_COLUMNS, _CALL_COLUMNS, Incoming, ResultsWriter
 
@@ -154,9 +158,14 @@ def _landing_ratio(writer_db: str, copy_db: str, sample: int, batches: int) -> d
             c.execute("INSERT INTO runs (run, spec, spec_hash, backend, attempts) VALUES (%s, '{}', 'h', 'local', %s)",
                       (run, sample))
     rng = random.Random(7)
-    bodies = [b for i in range(sample) for b in messages(AttemptRef(run=run, instance_id=f"x-{i}", attempt=1), "p",
-                                                          "claude-sonnet-4-5", rng, batches)]
-    random.Random(8).shuffle(bodies)  # as they arrive: batches and results of many tasks interleaved
+    run_keys = RunKeys(os.urandom(32).hex().encode(), os.urandom(32).hex().encode())
+    signed = []  # (body, its attempt key's signature), as the run's tasks send them
+    for i in range(sample):
+        ref = AttemptRef(run=run, instance_id=f"x-{i}", attempt=1)
+        sign = run_keys.attempt_signer(ref)
+        signed += [(b, sign(b)) for b in messages(ref, "p", "claude-sonnet-4-5", rng, batches)]
+    random.Random(8).shuffle(signed)  # as they arrive: batches and results of many tasks interleaved
+    bodies = [b for b, _ in signed]
     envs = [Envelope.model_validate_json(b) for b in bodies]
     n_rows = sum(len(e.msg.rows) if e.msg.kind == "ledger" else 1 + len(e.msg.ledger) for e in envs)
 
@@ -180,8 +189,15 @@ def _landing_ratio(writer_db: str, copy_db: str, sample: int, batches: int) -> d
                 cp.write_row(r)
 
     res = resources.RunResources(run=run, bucket="b", results_queue_url="q", eval_queue_url="e",
-                                 results_dlq_url="d", eval_dlq_url="d")
-    writer = ResultsWriter(res, writer_db)
+                                 verdict_queue_url="v", results_dlq_url="d", eval_dlq_url="d")
+    writer = ResultsWriter(res, writer_db, keys=run_keys)
+
+    def decode_checked(body: str, signature: str) -> Incoming:  # as poll_once: decode, then verify
+        incoming = Incoming.decode(body)
+        if why := writer.auth.refusal(res.results_queue_url, body, signature, incoming):
+            raise RuntimeError(f"the writer refused a bench message: {why}")
+        return incoming
+
     size = ResultsWriter.BATCH_MESSAGES
     rounds = 5  # interleaved, so a noisy moment on this shared machine hits every side
     with psycopg.connect(copy_db) as c, psycopg.connect(writer_db) as earlier_c:
@@ -194,7 +210,7 @@ def _landing_ratio(writer_db: str, copy_db: str, sample: int, batches: int) -> d
             part = envs[k:k + step]
             with w_side:
                 for i in range(k, k + len(part), size):  # as poll_once does: decode a batch's bodies, land them
-                    writer.land([Incoming.decode(b) for b in bodies[i:min(i + size, k + len(part))]])
+                    writer.land([decode_checked(*m) for m in signed[i:min(i + size, k + len(part))]])
             results = [e.msg for e in part if e.msg.kind == "attempt_result"]
             calls = [call_row(r) for e in part for r in
                      (e.msg.rows if e.msg.kind == "ledger" else e.msg.ledger if e.msg.kind == "attempt_result" else [])]
@@ -222,8 +238,9 @@ def stand_in_alone(sample: int, batches: int) -> tuple[int, float]:
     Returns (messages, s)."""
     from sim_launcher import messages
 
-    from contract import aws
+    from contract import aws, signing
     from contract.models import AttemptRef
+    from dispatcher.message_auth import RECEIVE_ATTRIBUTES
     from dispatcher.writer import ResultsWriter
 
     sqs = aws.client("sqs")
@@ -232,19 +249,20 @@ def stand_in_alone(sample: int, batches: int) -> tuple[int, float]:
     rng = random.Random(9)
     bodies = [b for i in range(sample) for b in messages(AttemptRef(run="s", instance_id=f"s-{i}", attempt=1), "p",
                                                           "m", rng, batches)]
+    sign = signing.signer(os.urandom(32).hex().encode())  # the messages carry a signature, as the run's do
     got: set[str] = set()  # message ids: moto may hand one message to two receivers at once (a redelivery)
     lock = threading.Lock()
     sent = threading.Event()
 
     def send(k: int) -> None:
         for i in range(k * 10, len(bodies), 80):
-            aws.send_batch(url, bodies[i:i + 10])
+            aws.send_batch(url, bodies[i:i + 10], sign=sign)
 
     def consume() -> None:
         while True:
             msgs: list[dict] = []
             for i in range(ResultsWriter.BATCH_MESSAGES // 10):
-                more = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10,
+                more = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, MessageAttributeNames=RECEIVE_ATTRIBUTES,
                                            WaitTimeSeconds=1 if i == 0 else 0).get("Messages", [])
                 msgs += more
                 if len(more) < 10:
@@ -307,6 +325,7 @@ def main() -> int:
         from sim_launcher import CALLS_PER_TASK, SimLauncher
 
         from contract import aws, db
+        from contract.signing import RunKeys
         from dispatcher import localstack, resources
         from dispatcher import run as runmod
         from dispatcher.actors import PoolPacer, ResultsWriterActor
@@ -324,19 +343,23 @@ def main() -> int:
         db.migrate(conn)
         runmod.open_run(conn, plan)
         res = resources.ensure(spec.run.name)
+        # as a run: the run secret and the verdict key in 0600 files the writers load; tasks get attempt keys
+        key_files = (str(tmp / "run.key"), str(runmod.verdict_key_file()))
+        run_keys = RunKeys.load(*key_files)
         valkey_url = os.environ.get("VALKEY_URL", "redis://127.0.0.1:6379/0")
         aws_env = localstack.aws_env()
         runmod.ray_init(False, aws_env)
         marks["ray up"] = time.perf_counter() - t0
         writers = [ResultsWriterActor.options(name=f"results-writer:{spec.run.name}:{i}").remote(
-            res.model_dump(), db.database_url(), aws_env, 60.0) for i in range(spec.backend.writer_count)]
+            res.model_dump(), db.database_url(), aws_env, 60.0, key_files) for i in range(spec.backend.writer_count)]
         pacer = PoolPacer.options(name=f"pacer:{spec.pool}", get_if_exists=True).remote(spec.pool, valkey_url, {})
         drop = {r.instance_id for r in random.Random(3).sample(plan.refs, args.drop)} if args.drop else set()
         launcher = SimLauncher(res.results_queue_url, res.bucket, spec.pool, spec.model.model, valkey_url,
                                aws_env | {"DATABASE_URL": db.database_url()}, task_s=args.task_s,
-                               batches=args.batches, drop=drop, expected=n)
+                               batches=args.batches, drop=drop, expected=n, attempt_env=runmod.attempt_env(run_keys))
         loop = runmod.DriverLoop(plan, res, conn, redis.Redis.from_url(valkey_url), launcher, pacer,
-                                 lambda ref: runmod.make_job(plan, res, ref, "http://gateway.invalid", valkey_url))
+                                 lambda ref: runmod.make_job(plan, res, ref, "http://gateway.invalid", valkey_url),
+                                 run_keys)
         loop.PLAN_EVERY_S = 2.0
         passes: list[tuple[float, int]] = []  # (seconds, tasks live that the driver follows)
         backlog = (0, 0.0)  # the most results sent but not landed (as the driver last counted them), and when
@@ -402,8 +425,11 @@ def main() -> int:
         for k, v in sorted(marks.items(), key=lambda kv: kv[1]):
             print(f"    {k:<40} at {v:7.1f} s")
         ended = attempts == n
+        refused = int(aws.client("sqs").get_queue_attributes(QueueUrl=res.results_dlq_url, AttributeNames=[
+            "ApproximateNumberOfMessages"])["Attributes"]["ApproximateNumberOfMessages"])
         print(f"  rows: {attempts} attempts (expected {n}), {calls} ledger rows (expected {CALLS_PER_TASK * n}),"
-              f" {lost} lost_result (expected {args.drop}); the run ended: {verdict(ended and calls == CALLS_PER_TASK * n and lost == args.drop)}")
+              f" {lost} lost_result (expected {args.drop}), {refused} messages dead-lettered (expected 0); the run"
+              f" ended: {verdict(ended and calls == CALLS_PER_TASK * n and lost == args.drop and not refused)}")
         print(f"  live tasks: peak {st.get('peak_live')}; passes with all {n} live: {len(live_all)}")
         if live_all:
             ranked = sorted(live_all)

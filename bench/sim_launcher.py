@@ -1,6 +1,10 @@
 """The `sim` launcher for the dispatch benchmark: simulated tasks that do to the control plane what real tasks do,
 without running a harness.
 
+Like real tasks, each signs its messages (the ledger batches, the result, the ledger copy) with its attempt's key,
+handed to it at launch (the driver side's attempt_env, as dispatcher/run.py gives real launchers): the results
+writer verifies them as it does a real fleet's.
+
 Each task, from its launch, for its harness time: keeps its progress key alive in Valkey (as harness/task.py's
 Heartbeat), makes CALLS_PER_TASK calls, whose ledger rows its shim sends to the results queue in `batches` batches
 while it runs, and at its end sends its result carrying the rows not yet sent (the last call's), marks its progress
@@ -23,7 +27,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
-from contract import aws, keys
+from contract import aws, keys, signing
 from contract.models import (
     AttemptRef,
     AttemptResult,
@@ -34,7 +38,7 @@ from contract.models import (
     Totals,
     utcnow,
 )
-from dispatcher.launchers.base import LaunchMeter, TaskHandle
+from dispatcher.launchers.base import AttemptEnv, LaunchMeter, TaskHandle, no_attempt_env
 
 CALLS_PER_TASK = 10
 DONE_TTL_S = 600  # as harness/task.py: the "result sent" mark
@@ -85,10 +89,11 @@ def messages(ref: AttemptRef, pool: str, model: str, rng: random.Random, batches
 
 
 class _Task:
-    __slots__ = ("drop", "end", "ended", "groups", "ref", "rows", "tail")
+    __slots__ = ("drop", "end", "ended", "groups", "ref", "rows", "sign", "tail")
 
-    def __init__(self, ref, rows, groups, tail, end, drop):
+    def __init__(self, ref, rows, groups, tail, end, drop, sign: signing.Signer | None):
         self.ref, self.rows, self.groups, self.tail, self.end, self.drop = ref, rows, groups, tail, end, drop
+        self.sign = sign  # the attempt key's signer, as harness/task.py and its shim make from their environment
         self.ended = False
 
 
@@ -108,7 +113,8 @@ class Fleet:
         self.valkey = redis.Redis.from_url(valkey_url)
         self.due: list[tuple[float, int, str, _Task, int]] = []
         self.seq = 0
-        self.outgoing: deque[tuple[str, _Task | None]] = deque()  # (body, the task whose result it is)
+        # (body, its signature, the task whose result it is)
+        self.outgoing: deque[tuple[str, str | None, _Task | None]] = deque()
         self.sent: deque[_Task] = deque()  # results on the queue: marked done and reported exited by the loop
         self.pool_ = ThreadPoolExecutor(senders, thread_name_prefix="sim-send")
         self.inflight = 0
@@ -122,14 +128,16 @@ class Fleet:
         self.seq += 1
         heapq.heappush(self.due, (t, self.seq, kind, task, arg))
 
-    def _launch(self, instance_id: str, attempt: int, run: str) -> None:
+    def _launch(self, instance_id: str, attempt: int, run: str, env: dict[str, str]) -> None:
         ref = AttemptRef(run=run, instance_id=instance_id, attempt=attempt)
+        key = env.get(signing.ATTEMPT_KEY_ENV)
         rng = random.Random(f"{instance_id}/{attempt}")
         rows = call_rows(ref, self.pool, self.model, rng)
         groups, tail = split_rows(rows, self.batches)
         now = time.monotonic()
         harness_s = self.task_s * rng.uniform(1.0, 1.25)
-        task = _Task(ref, rows, groups, tail, now + harness_s, instance_id in self.drop)
+        task = _Task(ref, rows, groups, tail, now + harness_s, instance_id in self.drop,
+                     signing.signer(key.encode()) if key else None)
         self._at(now, "start", task)
         for i in range(len(groups)):  # evenly over the harness time, each within the shim's 2 s of its calls
             self._at(now + harness_s * (i + 1) / (len(groups) + 1), "batch", task, i)
@@ -138,9 +146,10 @@ class Fleet:
         self.stats["live"] += 1
         self.stats["peak_live"] = max(self.stats["peak_live"], self.stats["live"])
 
-    def _send(self, bodies: list[tuple[str, _Task | None]]) -> None:
+    def _send(self, bodies: list[tuple[str, str | None, _Task | None]]) -> None:
         t = time.monotonic()
-        aws.send_batch(self.queue, [b for b, _ in bodies])
+        signed = {b: sig for b, sig, _ in bodies if sig}  # ten tasks' messages a call, each with its own signature
+        aws.send_batch(self.queue, [b for b, _, _ in bodies], sign=signed.__getitem__ if signed else None)
         done = time.time()
         with self.lock:
             self.inflight -= 1
@@ -148,7 +157,7 @@ class Fleet:
             self.stats["messages_sent"] += len(bodies)
             self.stats["send_busy_s"] += time.monotonic() - t
             self.stats["first_sent_at"] = self.stats["first_sent_at"] or done
-            for _, task in bodies:
+            for _, _, task in bodies:
                 if task is not None:
                     self.sent.append(task)
                     self.stats["results_sent"] += 1
@@ -168,17 +177,17 @@ class Fleet:
                 beats.append(task)
                 self._at(now + keys.PROGRESS_TTL_S / 4, "beat", task)
             elif kind == "batch":
-                self.outgoing.append((Envelope(msg=LedgerBatch(ref=task.ref, rows=task.groups[arg])).model_dump_json(),
-                                      None))
+                self._out(task, Envelope(msg=LedgerBatch(ref=task.ref, rows=task.groups[arg])).model_dump_json())
             elif kind == "end":
                 task.ended = True
                 if task.drop:  # killed on its way: its ledger copy is in S3, its result nowhere
                     prefix = f"s3://{self.bucket}/runs/{task.ref.run}/attempts/{task.ref.instance_id}/{task.ref.attempt}/"
-                    aws.put_text(aws.ledger_copy_uri(prefix), "".join(r.model_dump_json() + "\n" for r in task.rows))
+                    aws.put_text(aws.ledger_copy_uri(prefix), "".join(r.model_dump_json() + "\n" for r in task.rows),
+                                 "application/x-ndjson", sign=task.sign)
                     self.stats["dropped"] += 1
                     self.sent.append(task)
                 else:
-                    self.outgoing.append((result_of(task.ref, self.pool, self.model, task.rows, task.tail), task))
+                    self._out(task, result_of(task.ref, self.pool, self.model, task.rows, task.tail), result=True)
         if starts or beats:
             with self.valkey.pipeline(transaction=False) as p:
                 for task in starts:
@@ -188,6 +197,9 @@ class Fleet:
                 for task in beats:
                     p.expire(keys.progress(task.ref), keys.PROGRESS_TTL_S)
                 p.execute()
+
+    def _out(self, task: _Task, body: str, result: bool = False) -> None:
+        self.outgoing.append((body, task.sign(body) if task.sign else None, task if result else None))
 
     def _flush(self) -> None:
         while self.outgoing:
@@ -224,8 +236,8 @@ class Fleet:
                 if msg[0] == "quit":
                     self.pool_.shutdown(wait=True)
                     return
-                for instance_id, attempt, run in msg[1]:
-                    self._launch(instance_id, attempt, run)
+                for instance_id, attempt, run, env in msg[1]:
+                    self._launch(instance_id, attempt, run, env)
             now = time.monotonic()
             self._events(now)
             self._flush()
@@ -252,7 +264,10 @@ class SimLauncher:
     the exits the fleet reports."""
 
     def __init__(self, results_queue_url: str, bucket: str, pool: str, model: str, valkey_url: str, env: dict,
-                 task_s: float, batches: int = 3, drop: set[str] = frozenset(), expected: int = 0):
+                 task_s: float, batches: int = 3, drop: set[str] = frozenset(), expected: int = 0,
+                 attempt_env: AttemptEnv = no_attempt_env):
+        """attempt_env(ref): what one attempt's task gets besides the run's environment (its attempt key), as a
+        real launcher's."""
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_fleet_main, daemon=True, args=(child, env, {
@@ -260,7 +275,8 @@ class SimLauncher:
             "task_s": task_s, "batches": batches, "drop": set(drop), "expected": expected}))
         self.proc.start()
         self.codes: dict[str, int] = {}
-        self.pending: list[tuple[str, int, str]] = []
+        self.pending: list[tuple[str, int, str, dict[str, str]]] = []
+        self.attempt_env = attempt_env
         self.stats: dict = {}
         self.launched = 0
         self.meter = LaunchMeter()
@@ -268,7 +284,7 @@ class SimLauncher:
 
     def launch(self, ref: AttemptRef, job_uri: str, image: str | None = None) -> TaskHandle:
         with self.meter.timed():
-            self.pending.append((ref.instance_id, ref.attempt, ref.run))
+            self.pending.append((ref.instance_id, ref.attempt, ref.run, self.attempt_env(ref)))
             self.launched += 1
             if len(self.pending) >= 64:
                 self.flush()
