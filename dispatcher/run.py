@@ -357,6 +357,7 @@ class DriverLoop:
         # grading: when the eval queue last held a job (waiting, or held by a grader; a new driver assumes now),
         # the attempts whose eval job went to the dead-letter queue (and when seen), the next look
         self.eval_busy_at = time.monotonic()
+        self.results_busy_at = time.monotonic()  # when the results queue was last seen holding a message
         self.dead_jobs: dict[AttemptRef, float] = {}
         self._next_verdict_check = 0.0
         self.verdicts_lost = 0
@@ -527,11 +528,25 @@ class DriverLoop:
             t.resolve_at = t.exited_at + (bound if sent else REAP_GRACE_S)
             if now >= t.resolve_at:
                 due.append(ref)
+        if any(self.running[r].result_sent for r in due) and self._results_waiting(now):
+            # A sent result may be among the messages the writers have not reached yet: its bound runs from when
+            # the results queue was last seen holding any, not from its task's exit.
+            for ref in [r for r in due if self.running[r].result_sent]:
+                self.running[ref].resolve_at = self.results_busy_at + bound
+                due.remove(ref)
         deadline = time.monotonic() + PASS_BUDGET_S
         for ref in due:
             self._resolve(ref, self.running[ref], now)
             if time.monotonic() > deadline:
                 break  # the rest next pass
+
+    def _results_waiting(self, now: float) -> bool:
+        """Whether the results queue held a message (waiting or being landed) within backend.result_wait_s."""
+        attrs = aws.client("sqs").get_queue_attributes(QueueUrl=self.res.results_queue_url, AttributeNames=[
+            "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
+        if any(int(v) for v in attrs.values()):
+            self.results_busy_at = now
+        return now - self.results_busy_at < self.plan.spec.backend.result_wait_s
 
     def _resolve(self, ref: AttemptRef, t: Running, now: float) -> None:
         """Land the row of an attempt whose task is gone and whose row did not come: from the task's S3 copy of
