@@ -357,7 +357,7 @@ class DriverLoop:
         # grading: when the eval queue last held a job (waiting, or held by a grader; a new driver assumes now),
         # the attempts whose eval job went to the dead-letter queue (and when seen), the next look
         self.eval_busy_at = time.monotonic()
-        self.results_busy_at = time.monotonic()  # when the results queue was last seen holding a message
+        self.results_busy_at = float("-inf")  # when the results queue was last seen holding a message
         self.dead_jobs: dict[AttemptRef, float] = {}
         self._next_verdict_check = 0.0
         self.verdicts_lost = 0

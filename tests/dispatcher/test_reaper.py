@@ -222,6 +222,40 @@ def test_the_bound_depends_on_the_done_mark_and_a_state_that_cannot_change_is_ne
     resources.remove_queues(res)
 
 
+def test_a_sent_result_is_not_called_lost_while_the_results_queue_holds_messages(
+        tmp_path, unique, pg, valkey, moto_endpoint, run_keys):
+    """The writers may be behind: while the results queue holds any message, a gone task that marked its result
+    sent is waited for; its bound runs from when the queue was last seen holding one."""
+    plan = opened(tmp_path, unique, pg, result_wait_s=300)
+    run = plan.spec.run.name
+    res = resources.ensure(run)
+    ref = AttemptRef(run=run, instance_id="evalplane__calc-2", attempt=1)
+    valkey.hset(keys.progress(ref), mapping={"phase": "done"})
+    loop = runmod.DriverLoop(plan, res, pg, valkey, ExitedLauncher({ref.instance_id: 0}), None, None, run_keys)
+    loop.landed = {}
+    loop.running[ref] = runmod.Running(handle=TaskHandle(ref=ref, task_id=ref.instance_id), started=0.0)
+    bound = plan.spec.backend.result_wait_s
+
+    def errors() -> list:
+        got = [e for (e,) in pg.execute("SELECT error FROM attempts WHERE run = %s", (run,)).fetchall()]
+        pg.commit()
+        return got
+
+    aws.send(res.results_queue_url, "a result the writers have not reached yet")
+    loop._reap(loop.landed, now=100.0)  # exit seen
+    loop._reap(loop.landed, now=101.0 + bound)  # past its bound, but the queue holds a message
+    assert errors() == []
+    sqs = aws.client("sqs")
+    for m in sqs.receive_message(QueueUrl=res.results_queue_url, MaxNumberOfMessages=10)["Messages"]:
+        sqs.delete_message(QueueUrl=res.results_queue_url, ReceiptHandle=m["ReceiptHandle"])
+    loop._reap(loop.landed, now=100.0 + 2 * bound)  # the queue is empty, but was busy less than a bound ago
+    assert errors() == []
+    loop._reap(loop.landed, now=102.0 + 2 * bound)
+    got = errors()
+    assert len(got) == 1 and got[0].startswith("lost_result: the task sent its result and exited (code 0)")
+    resources.remove_queues(res)
+
+
 def test_a_resumed_driver_lands_a_gone_tasks_s3_copy_instead_of_relaunching(plan, pg, valkey, database_url, run_keys):
     """An earlier driver's task (its progress key alive) is waited for; once the key is gone and no row came, its
     S3 result copy lands; one that left none is launched again."""
