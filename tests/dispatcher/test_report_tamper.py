@@ -24,7 +24,10 @@ def attempt(iid: str, status: str, resolved: bool, patch_uri: str, flags) -> dic
 
 def test_the_flags_are_shown_and_added_beside_the_official_keys(moto_endpoint, unique, tmp_path):
     aws.client("s3").create_bucket(Bucket=unique)
-    prefix = lambda iid, n: f"s3://{unique}/runs/{unique}/attempts/{iid}/{n}/"  # noqa: E731
+
+    def prefix(iid: str, n: int) -> str:
+        return f"s3://{unique}/runs/{unique}/attempts/{iid}/{n}/"
+
     for iid in ("x__y-1", "x__y-2"):
         aws.put_text(prefix(iid, 1) + "patch.diff", "diff --git a/x b/x\n")
     dataset = [{"instance_id": i, "repo": "x/y", "version": "1.0"} for i in ("x__y-1", "x__y-2")]
