@@ -264,31 +264,38 @@ def valkey_session(valkey_url):
     r.close()
 
 
+RAY_HEAD = """
+import signal, sys, time
+import ray
+for attempt in range(4):
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+        break
+    except Exception as e:  # Ray's start-up deadline missed: try again
+        print("ray did not start:", e, file=sys.stderr, flush=True)
+        ray.shutdown()
+else:
+    sys.exit(1)
+signal.signal(signal.SIGTERM, lambda *_: (ray.shutdown(), sys.exit(0)))
+print(ray.get_runtime_context().gcs_address, flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+
 @contextlib.contextmanager
 def ray_cluster():
-    """A local Ray cluster the runs' dispatchers join (RAY_ADDRESS), started here until it starts: on a loaded
-    machine Ray's node can miss its fixed start-up deadlines, which a dispatcher would take as fatal."""
-    import ray
-
-    saved = {k: os.environ.get(k) for k in RAY_ENV}
-    os.environ.update(RAY_ENV)  # the cluster's processes take them from this process's environment
+    """A local Ray cluster the runs' dispatchers join (RAY_ADDRESS), started in a process of its own until it starts:
+    on a loaded machine Ray's node can miss its start-up deadline, which a dispatcher would take as fatal."""
+    head = subprocess.Popen([sys.executable, "-c", RAY_HEAD], env=os.environ | RAY_ENV, stdout=subprocess.PIPE,
+                            text=True, cwd=ROOT)
     try:
-        for attempt in range(4):
-            try:
-                ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="evalplane",
-                         _node_ip_address="127.0.0.1")
-                break
-            except Exception:  # noqa: BLE001 - Ray's start-up timeout; try again
-                ray.shutdown()
-                if attempt == 3:
-                    raise
+        address = head.stdout.readline().strip()
+        assert address, "the Ray cluster did not start"
+        yield address
     finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
+        head.terminate()
+        head.wait(120)
 
 
 # Ray's node start-up deadline, longer than its default on a loaded machine; the drivers join without a token
