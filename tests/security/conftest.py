@@ -8,7 +8,6 @@ applies the same patch as the honest run: a wrong fix and the attack's conftest.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -252,7 +251,7 @@ def security_env(database_url, valkey_url, moto_endpoint, tmp_path_factory):
     return os.environ | {
         "DATABASE_URL": database_url, "VALKEY_URL": valkey_url, "AWS_ENDPOINT_URL": moto_endpoint,
         "EVALPLANE_STATE_DIR": str(tmp_path_factory.mktemp("security-state")), "RAY_USAGE_STATS_ENABLED": "0",
-    } | {k: canary() for k in CANARY_ENV}
+    } | RAY_ENV | {k: canary() for k in CANARY_ENV}
 
 
 @pytest.fixture(scope="session")
@@ -264,52 +263,17 @@ def valkey_session(valkey_url):
     r.close()
 
 
-RAY_HEAD = """
-import signal, sys, time
-import ray
-for attempt in range(4):
-    try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
-        break
-    except Exception as e:  # Ray's start-up deadline missed: try again
-        print("ray did not start:", e, file=sys.stderr, flush=True)
-        ray.shutdown()
-else:
-    sys.exit(1)
-signal.signal(signal.SIGTERM, lambda *_: (ray.shutdown(), sys.exit(0)))
-print(ray.get_runtime_context().gcs_address, flush=True)
-while True:
-    time.sleep(3600)
-"""
-
-
-@contextlib.contextmanager
-def ray_cluster():
-    """A local Ray cluster the runs' dispatchers join (RAY_ADDRESS), started in a process of its own until it starts:
-    on a loaded machine Ray's node can miss its start-up deadline, which a dispatcher would take as fatal."""
-    head = subprocess.Popen([sys.executable, "-c", RAY_HEAD], env=os.environ | RAY_ENV, stdout=subprocess.PIPE,
-                            text=True, cwd=ROOT)
-    try:
-        address = head.stdout.readline().strip()
-        assert address, "the Ray cluster did not start"
-        yield address
-    finally:
-        head.terminate()
-        head.wait(120)
-
-
-# Ray's node start-up deadline, longer than its default on a loaded machine; the drivers join without a token
-RAY_ENV = {"RAY_raylet_start_wait_time_s": "120", "RAY_AUTH_MODE": "disabled"}
+# Ray's node start-up deadline (read when ray is imported), longer than its default 30 s: on a loaded machine the
+# dispatcher's local Ray cluster can miss it
+RAY_ENV = {"RAY_raylet_start_wait_time_s": "120"}
 
 
 @pytest.fixture(scope="session")
 def process_runs(security_env, database_url, valkey_session, tmp_path_factory):
     """(red team, honest) with the process launcher."""
     tmp = tmp_path_factory.mktemp("process-runs")
-    with ray_cluster() as address:
-        env = security_env | RAY_ENV | {"RAY_ADDRESS": address}
-        red = run_once(tmp / "red", "process", True, env, database_url, valkey_session)
-        honest = run_once(tmp / "honest", "process", False, env, database_url, valkey_session)
+    red = run_once(tmp / "red", "process", True, security_env, database_url, valkey_session)
+    honest = run_once(tmp / "honest", "process", False, security_env, database_url, valkey_session)
     return red, honest
 
 
@@ -320,10 +284,8 @@ def docker_runs(docker_engine, security_env, database_url, valkey_session, tmp_p
                         str(SYNTHETIC / "instances.jsonl")], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
     tmp = tmp_path_factory.mktemp("docker-runs")
-    with ray_cluster() as address:
-        env = security_env | RAY_ENV | {"RAY_ADDRESS": address}
-        red = run_once(tmp / "red", "docker", True, env, database_url, valkey_session)
-        honest = run_once(tmp / "honest", "docker", False, env, database_url, valkey_session)
+    red = run_once(tmp / "red", "docker", True, security_env, database_url, valkey_session)
+    honest = run_once(tmp / "honest", "docker", False, security_env, database_url, valkey_session)
     return red, honest
 
 
