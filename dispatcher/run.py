@@ -19,6 +19,7 @@ import logging
 import os
 import secrets
 import subprocess
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -700,8 +701,12 @@ def ray_init(dashboard: bool, aws_env: dict[str, str]) -> None:
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     address = os.environ.get("RAY_ADDRESS")
+    # A local cluster's files (its logs record the runtime_env, credentials included) in a folder of ours alone:
+    # Ray's default /tmp/ray is readable by every user of the host, the agent's user among them.
+    temp_dir = None if address else tempfile.mkdtemp(prefix="evalplane-ray-")
     ray.init(
         address=address or None,
+        _temp_dir=temp_dir,
         num_cpus=None if address else 2,
         include_dashboard=dashboard,
         log_to_driver=False,

@@ -8,7 +8,6 @@ applies the same patch as the honest run: a wrong fix and the attack's conftest.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -184,8 +183,11 @@ def run_once(tmp: Path, launcher: str, red: bool, base_env: dict, database_url: 
     spec.write_text(spec_text(run, launcher, sim.url, dataset))
     watch = BudgetWatch(valkey, run)
     try:
-        p = subprocess.run([sys.executable, "-m", "dispatcher", "run", str(spec), "--out", str(tmp / "out")],
-                           env=base_env, capture_output=True, text=True, timeout=2400, cwd=ROOT)
+        for _ in range(4):  # Ray's node missed even that deadline: run again (the run resumes)
+            p = subprocess.run([sys.executable, "-m", "dispatcher", "run", str(spec), "--out", str(tmp / "out")],
+                               env=base_env, capture_output=True, text=True, timeout=2400, cwd=ROOT)
+            if p.returncode == 0 or "node timed out during startup" not in p.stderr:
+                break
     finally:
         budget = watch.stop()
         sim.stop()
@@ -252,7 +254,7 @@ def security_env(database_url, valkey_url, moto_endpoint, tmp_path_factory):
     return os.environ | {
         "DATABASE_URL": database_url, "VALKEY_URL": valkey_url, "AWS_ENDPOINT_URL": moto_endpoint,
         "EVALPLANE_STATE_DIR": str(tmp_path_factory.mktemp("security-state")), "RAY_USAGE_STATS_ENABLED": "0",
-    } | {k: canary() for k in CANARY_ENV}
+    } | RAY_ENV | {k: canary() for k in CANARY_ENV}
 
 
 @pytest.fixture(scope="session")
@@ -264,45 +266,17 @@ def valkey_session(valkey_url):
     r.close()
 
 
-@contextlib.contextmanager
-def ray_cluster():
-    """A local Ray cluster the runs' dispatchers join (RAY_ADDRESS), started here until it starts: on a loaded
-    machine Ray's node can miss its fixed start-up deadlines, which a dispatcher would take as fatal."""
-    import ray
-
-    saved = {k: os.environ.get(k) for k in RAY_ENV}
-    os.environ.update(RAY_ENV)  # the cluster's processes take them from this process's environment
-    try:
-        for attempt in range(4):
-            try:
-                ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="evalplane",
-                         _node_ip_address="127.0.0.1")
-                break
-            except Exception:  # noqa: BLE001 - Ray's start-up timeout; try again
-                ray.shutdown()
-                if attempt == 3:
-                    raise
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
-
-
-# Ray's node start-up deadline, longer than its default on a loaded machine; the drivers join without a token
-RAY_ENV = {"RAY_raylet_start_wait_time_s": "120", "RAY_AUTH_MODE": "disabled"}
+# Ray's node start-up deadline (read when ray is imported), longer than its default 30 s: on a loaded machine the
+# dispatcher's local Ray cluster can miss it
+RAY_ENV = {"RAY_raylet_start_wait_time_s": "120"}
 
 
 @pytest.fixture(scope="session")
 def process_runs(security_env, database_url, valkey_session, tmp_path_factory):
     """(red team, honest) with the process launcher."""
     tmp = tmp_path_factory.mktemp("process-runs")
-    with ray_cluster() as address:
-        env = security_env | RAY_ENV | {"RAY_ADDRESS": address}
-        red = run_once(tmp / "red", "process", True, env, database_url, valkey_session)
-        honest = run_once(tmp / "honest", "process", False, env, database_url, valkey_session)
+    red = run_once(tmp / "red", "process", True, security_env, database_url, valkey_session)
+    honest = run_once(tmp / "honest", "process", False, security_env, database_url, valkey_session)
     return red, honest
 
 
@@ -313,10 +287,8 @@ def docker_runs(docker_engine, security_env, database_url, valkey_session, tmp_p
                         str(SYNTHETIC / "instances.jsonl")], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
     tmp = tmp_path_factory.mktemp("docker-runs")
-    with ray_cluster() as address:
-        env = security_env | RAY_ENV | {"RAY_ADDRESS": address}
-        red = run_once(tmp / "red", "docker", True, env, database_url, valkey_session)
-        honest = run_once(tmp / "honest", "docker", False, env, database_url, valkey_session)
+    red = run_once(tmp / "red", "docker", True, security_env, database_url, valkey_session)
+    honest = run_once(tmp / "honest", "docker", False, security_env, database_url, valkey_session)
     return red, honest
 
 

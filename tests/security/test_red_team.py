@@ -71,7 +71,8 @@ def test_forged_messages_change_nothing_and_the_run_equals_the_honest_one(runs):
         assert r["attempt"]["calls"] == len(r["calls"])
         assert Decimal(str(r["attempt"]["cost_usd"])) == ledger
         # the run's spend in Valkey, as the shims kept it: the agent's write of 0 never landed
-        assert int(r["budget"].get("spent", -1)) == round(ledger * 1_000_000), (r["budget"], ledger)
+        spent = int(r["budget"].get("spent", -1))  # micro-dollars, each call's rounded on its own
+        assert abs(spent - ledger * 1_000_000) <= len(r["calls"]), (r["budget"], ledger)
         assert r["valkey_left"] == []  # the run's keys went with the run
         assert r["run_row"]["status"] == "finished"
 
