@@ -234,10 +234,10 @@ def test_a_batch_with_a_row_already_landed_lands_again_whole_through_the_staging
     res, writer = run
     old, new = (AttemptRef(run=res.run, instance_id=f"a__b-{i}", attempt=1) for i in (30, 31))
     first = LedgerBatch(ref=old, rows=calls(old, 2))
-    send_all(res, [first])
+    send_all(writer, [first])
     drain(writer)
     assert writer.redelivered_batches == 0
-    send_all(res, [LedgerBatch(ref=new, rows=calls(new, 3)), first, result(new, 0).model_copy(
+    send_all(writer, [LedgerBatch(ref=new, rows=calls(new, 3)), first, result(new, 0).model_copy(
         update={"ledger": calls(new, 4)[3:]})])  # the repeat in the middle of a batch with new rows and a result
     assert writer.poll_once(wait_s=0) == 3
     assert writer.redelivered_batches == 1
