@@ -701,9 +701,9 @@ def ray_init(dashboard: bool, aws_env: dict[str, str]) -> None:
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     address = os.environ.get("RAY_ADDRESS")
-    # A local cluster's files (its logs record the runtime_env, credentials included) in a folder of ours alone:
-    # Ray's default /tmp/ray is readable by every user of the host, the agent's user among them.
-    temp_dir = None if address else tempfile.mkdtemp(prefix="evalplane-ray-")
+    # A local cluster's files (its logs record the runtime_env, credentials included) under a 0700 folder of ours:
+    # Ray's default /tmp/ray, and any folder it makes itself, are open to every user of the host (the agent's too)
+    temp_dir = None if address else os.path.join(tempfile.mkdtemp(prefix="evalplane-ray-"), "ray")
     ray.init(
         address=address or None,
         _temp_dir=temp_dir,
