@@ -150,7 +150,9 @@ def make_launcher(plan: Plan, run_dir: Path, task_env: dict[str, str], key: str,
     aws_env = localstack.aws_env()
     endpoints = sorted({v for k, v in aws_env.items() if k.startswith("AWS_ENDPOINT_URL")})
     env = aws_env | {UPSTREAM_KEY_ENV: key, "EVALPLANE_STATE_DIR": task_shape.STATE_DIR}
-    return DockerLauncher(env, [upstream, valkey_url, *endpoints], log_dir=run_dir / "tasks")
+    # EVALPLANE_TASK_NETWORK: another network (and egress) than the default, for runs sharing one engine at once
+    network = os.environ.get("EVALPLANE_TASK_NETWORK", "evalplane-tasks")
+    return DockerLauncher(env, [upstream, valkey_url, *endpoints], log_dir=run_dir / "tasks", network=network)
 
 
 def land_attempt(res: RunResources, plan: Plan, ref: AttemptRef, outcome: HarnessOutcome, why: str) -> None:
