@@ -162,8 +162,10 @@ def make_launcher(plan: Plan, run_dir: Path, task_env: dict[str, str], key: str,
     endpoints = sorted({v for k, v in aws_env.items() if k.startswith("AWS_ENDPOINT_URL")})
     env = aws_env | valkey_user | {UPSTREAM_KEY_ENV: key, "EVALPLANE_STATE_DIR": task_shape.STATE_DIR,
                                    ISOLATE_ENV: "1" if spec.backend.isolate_agent else "0"}
+    # EVALPLANE_TASK_NETWORK: another network (and egress) than the default, for runs sharing one engine at once
+    network = os.environ.get("EVALPLANE_TASK_NETWORK", "evalplane-tasks")
     return DockerLauncher(env, [upstream, valkey_url, *endpoints], log_dir=run_dir / "tasks",
-                          attempt_env=attempt_env(run_keys))
+                          attempt_env=attempt_env(run_keys), network=network)
 
 
 def attempt_env(run_keys: RunKeys):

@@ -120,6 +120,14 @@ class HarnessRun:
     traces: dict[str, object] = field(default_factory=dict)  # by instance id: egress_trace.Trace
 
 
+def _network_down(name: str) -> None:
+    import docker
+
+    from dispatcher.launchers.egress import Egress
+
+    Egress(docker.from_env(), name, [], "unused").down()
+
+
 def harness_run(harness: str, tmp: Path, database_url: str, valkey_url: str, moto_endpoint: str) -> HarnessRun:
     from tests.harnesses.egress_trace import Tracer
 
@@ -132,7 +140,9 @@ def harness_run(harness: str, tmp: Path, database_url: str, valkey_url: str, mot
                                 synthetic=SYNTHETIC, gold=GOLD, turn_cap=TURN_CAP, cost_cap=COST_CAP,
                                 attempt_usd=case.attempt_usd, max_turns=case.max_turns, policy=tmp / "policy.json"))
     env = os.environ | {"DATABASE_URL": database_url, "VALKEY_URL": valkey_url, "AWS_ENDPOINT_URL": moto_endpoint,
-                        "EVALPLANE_STATE_DIR": str(tmp / "state"), "RAY_USAGE_STATS_ENABLED": "0"}
+                        "EVALPLANE_STATE_DIR": str(tmp / "state"), "RAY_USAGE_STATS_ENABLED": "0",
+                        # a network and egress of this run's own: other runs on the engine replace the shared one's routes
+                        "EVALPLANE_TASK_NETWORK": f"ep-{run}"[:40]}
     # the task images first (the run would build them too; apart, the run's wall time is the run's alone)
     built = subprocess.run([sys.executable, "-m", "dispatcher", "images", str(spec)], env=env, capture_output=True,
                            text=True, cwd=ROOT, timeout=2400)
@@ -144,6 +154,7 @@ def harness_run(harness: str, tmp: Path, database_url: str, valkey_url: str, mot
                            capture_output=True, text=True, cwd=ROOT, timeout=1500)
     finally:
         traces = tracer.stop()
+        _network_down(f"ep-{run}"[:40])
     wall = time.monotonic() - t0
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
     import psycopg
