@@ -157,9 +157,16 @@ def _image_id(client: docker.DockerClient, name: str) -> str | None:
         return None
 
 
+# which checkout built an image: a checkout cleans up only its own older builds, never those of another checkout (or
+# branch) sharing the engine, whose inputs differ and whose runs may be using them
+CHECKOUT_LABEL = f"{task_shape.LABEL_PREFIX}.checkout"
+CHECKOUT = hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]
+
+
 def _remove_superseded(client: docker.DockerClient, labels: dict[str, str], keep: str) -> None:
-    """Older builds of the same thing (same labels, other inputs) leave the local engine: a host that builds every
-    day would otherwise fill its disk. An image a container still uses stays."""
+    """Older builds of the same thing by this checkout (same labels, other inputs) leave the local engine: a host
+    that builds every day would otherwise fill its disk. An image a container still uses stays."""
+    labels = labels | {CHECKOUT_LABEL: CHECKOUT}
     for image in client.images.list(filters={"label": [f"{k}={v}" for k, v in labels.items()]}):
         if image.id != keep:
             try:
@@ -193,7 +200,7 @@ def build_base(client: docker.DockerClient, force: bool = False) -> tuple[str, s
                 shutil.copy(f, ctx / "src" / rel)
         image = _build(client, ctx, tag, "Dockerfile.runtime", {"PREFIX": task_shape.RUNTIME_PREFIX},
                        {f"{task_shape.LABEL_PREFIX}.runtime_inputs": inputs,
-                        f"{task_shape.LABEL_PREFIX}.runtime": "base"})
+                        f"{task_shape.LABEL_PREFIX}.runtime": "base", CHECKOUT_LABEL: CHECKOUT})
     _remove_superseded(client, {f"{task_shape.LABEL_PREFIX}.runtime": "base"}, image.id)
     build_s = time.monotonic() - t0
     log.info("built the runtime base %s in %.0f s (%.0f MB)", tag, build_s, image.attrs["Size"] / 1e6)
@@ -220,7 +227,7 @@ def build_runtime(client: docker.DockerClient, harness: str, force: bool = False
             label = {f"{task_shape.LABEL_PREFIX}.harness_layer": _tag_part(harness)}
             image = _build(client, ctx, tag, "Dockerfile",
                            {"RUNTIME_IMAGE": base_tag, "PREFIX": task_shape.RUNTIME_PREFIX},
-                           label | {f"{task_shape.LABEL_PREFIX}.runtime_inputs": inputs})
+                           label | {f"{task_shape.LABEL_PREFIX}.runtime_inputs": inputs, CHECKOUT_LABEL: CHECKOUT})
         _remove_superseded(client, label, image.id)
         found = image.id
     layer_bytes = client.images.get(found).attrs["Size"] - base_bytes
@@ -348,7 +355,7 @@ def build_task_image(client: docker.DockerClient, conn: psycopg.Connection, row:
                 "HARNESS_DIR": str(load_adapter(harness).install_dir()),
                 "INSTANCE_IMAGE": _from_ref(client, instance_image), "BASE_COMMIT": row["base_commit"]}, {
                 f"{task_shape.LABEL_PREFIX}.instance_id": iid, f"{task_shape.LABEL_PREFIX}.harness": harness,
-                f"{task_shape.LABEL_PREFIX}.task_inputs": inputs})
+                f"{task_shape.LABEL_PREFIX}.task_inputs": inputs, CHECKOUT_LABEL: CHECKOUT})
         _remove_superseded(client, {f"{task_shape.LABEL_PREFIX}.instance_id": iid,
                                     f"{task_shape.LABEL_PREFIX}.harness": harness}, image.id)
     build_s = time.monotonic() - t0

@@ -5,8 +5,8 @@ egress.py), so a harness calling home would fail there, but silently. Here each 
 as it starts, and its task runner (the child of the container's init) is traced with `strace -f` before it starts
 the harness (it first checks out /testbed and starts the shim): every execve, clone, bind, connect, sendto, sendmsg
 and sendmmsg of it and of every process it starts afterwards. From the trace: the harness's tree (the process that
-executed the harness's argv[0], and its descendants), the shim (the process that executed `-m shim`) and the port it
-bound, and every internet-family destination the harness's tree tried, DNS queries included (a lookup is a connect
+executed the harness's argv[0], and its descendants), the shim (the process that executed `-m shim`) and its port
+(the loopback port the task runner itself connects to for the shim's status), and every internet-family destination the harness's tree tried, DNS queries included (a lookup is a connect
 or a send to port 53).
 """
 
@@ -26,6 +26,7 @@ EXECVE = re.compile(r'^execve\("([^"]+)", \[(.*?)\]')
 CHILD = re.compile(r"(?:clone3?|v?fork)\b.*= (\d+)(?: /\* (\d+) in strace's PID NS \*/)?$")
 INET = re.compile(r'sa_family=AF_INET6?, sin6?_port=htons\((\d+)\),.*?(?:inet_addr\(|inet_pton\(AF_INET6, )"([^"]+)"')
 BIND = re.compile(r"^bind\(")
+LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
 
 
 @dataclass
@@ -38,8 +39,7 @@ class Trace:
 
     @property
     def outside_shim(self) -> list[tuple[int, str, int, str]]:
-        return [d for d in self.destinations if not (d[1] in ("127.0.0.1", "::1", "::ffff:127.0.0.1")
-                                                     and d[2] in self.shim_ports)]
+        return [d for d in self.destinations if not (d[1] in LOOPBACK and d[2] in self.shim_ports)]
 
 
 def parse(container: str, path: Path, is_harness) -> Trace:
@@ -49,6 +49,7 @@ def parse(container: str, path: Path, is_harness) -> Trace:
     shim: set[int] = set()
     trace = Trace(container, path)
     events: list[tuple[int, str]] = []
+    pending: dict[int, tuple[str, list[str]]] = {}
     for raw in path.read_text(errors="replace").splitlines():
         m = LINE.match(raw)
         if not m:
@@ -57,13 +58,16 @@ def parse(container: str, path: Path, is_harness) -> Trace:
         events.append((pid, call))
         if (c := CHILD.search(call)) and int(c[1]) > 0:
             parent.setdefault(int(c[2] or c[1]), pid)
-        if (e := EXECVE.match(call)) and call.rstrip().endswith("= 0"):
-            argv = re.findall(r'"((?:[^"\\]|\\.)*)"', e[2])
+        if e := EXECVE.match(call):  # its result may come on a later line (`<... execve resumed>) = 0`)
+            pending[pid] = (e[1], re.findall(r'"((?:[^"\\]|\\.)*)"', e[2]))
+        if (call.startswith("execve(") or call.startswith("<... execve resumed>")) and call.rstrip().endswith("= 0") \
+                and pid in pending:
+            exe, argv = pending.pop(pid)
             if "-m" in argv and "shim" in argv:
                 shim.add(pid)
-            elif is_harness(e[1], argv) and trace.harness_exec is None:
+            elif is_harness(exe, argv) and trace.harness_exec is None:
                 harness_roots.add(pid)
-                trace.harness_exec = e[1]
+                trace.harness_exec = exe
 
     def under(pid: int, roots: set[int]) -> bool:
         seen = set()
@@ -76,10 +80,13 @@ def parse(container: str, path: Path, is_harness) -> Trace:
 
     for pid, call in events:
         addr = INET.search(call)
-        if BIND.match(call) and addr and under(pid, shim):
-            trace.shim_ports.add(int(addr[1]))
-        elif addr and under(pid, harness_roots) and not BIND.match(call):
+        if not addr or BIND.match(call):
+            continue
+        if under(pid, harness_roots):
             trace.destinations.append((pid, addr[2], int(addr[1]), call[:200]))
+        elif not under(pid, shim) and addr[2] in LOOPBACK:
+            # the shim binds port 0; the task runner, which asks it for its status, connects to the port it got
+            trace.shim_ports.add(int(addr[1]))
     return trace
 
 

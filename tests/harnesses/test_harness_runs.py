@@ -11,7 +11,7 @@ from harness.adapters import ADAPTERS
 from tests.harnesses.conftest import COST_CAP, GOLD, MAX_TURNS, TURN_CAP, harness_run
 from tests.harnesses.egress_trace import parse
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]  # the first test of each harness builds its images and runs it
 HARNESSES = ["mini-swe-agent", "claude-code", "codex", "opencode"]
 
 
@@ -49,7 +49,8 @@ def test_the_attempt_cap_ends_the_session_with_the_patch_kept(run):
     a = run.attempts[COST_CAP]
     assert a["outcome"] == "budget_exceeded", a
     assert a["patch_bytes"] > 0 and a["status"] == "RESOLVED", a
-    assert float(a["cost_usd"]) <= run.case.attempt_usd * 1.5  # stopped within a call or so of the cap
+    # stopped by the cap, not the turn limit: fewer turns than the turn-cap instance was allowed
+    assert sum(c["outcome"] == "ok" for c in run.calls[COST_CAP]) < MAX_TURNS
 
 
 def test_injected_429_and_529_never_reach_the_harness(run):
