@@ -11,9 +11,9 @@ Two entry points, both started by the task runner (as root):
   `python -m harness.sandbox MODULE ARGS...`: MODULE, undumpable (the shim: the flag must be set after exec, which
       resets it);
   `python -I -m harness.sandbox --agent UID:GID --cwd DIR -- ARGV...`: ARGV as the agent (the harness). Where the
-      interpreter lives under a folder other users cannot traverse (a pyenv in /root, on the process launcher), the
-      harness gets a mount namespace of its own in which that folder is an empty tmpfs holding only the
-      interpreter's installation, so that it runs without opening the rest of the folder to it.
+      interpreter, its virtualenv or the project live under a folder other users cannot traverse (a pyenv in /root,
+      a checkout in a 0700 temporary folder, on the process launcher), the harness gets a mount namespace of its
+      own in which that folder is an empty tmpfs holding only those, so that it runs without opening the rest.
 """
 
 from __future__ import annotations
@@ -206,27 +206,42 @@ def closed_ancestor(path: str) -> str | None:
         d = os.path.dirname(d)
 
 
+def _exposed_paths() -> list[str]:
+    """What the harness needs to run: the interpreter's installation, its virtualenv and this project's source (the
+    harness modules it imports), each reduced to the outermost (a venv inside the project is covered by it)."""
+    paths = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, Path(__file__).resolve().parents[1])})
+    return [p for p in paths if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in paths)]
+
+
 def expose_interpreter() -> None:
-    """This interpreter's installation, reachable by any user in a mount namespace of this process's own: the
-    closed folder above it is covered with an empty tmpfs, the installation bound back in read-only."""
-    prefix = os.path.realpath(sys.base_prefix)
-    closed = closed_ancestor(prefix)
-    if closed is None:
+    """The interpreter's installation, its virtualenv and the project's source, reachable by any user in a mount
+    namespace of this process's own: each closed folder above them is covered with an empty tmpfs and they are bound
+    back in read-only (what the agent then sees of them is what it would see were the folders open)."""
+    closed: dict[str, list[str]] = {}
+    for path in _exposed_paths():
+        if (top := closed_ancestor(path)) is not None:
+            closed.setdefault(top, []).append(path)
+    if not closed:
         return
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(CLONE_NEWNS) != 0:
-        raise OSError(ctypes.get_errno(), f"the interpreter under {closed} is closed to the agent and no mount "
-                                          f"namespace can open it (unshare: {os.strerror(ctypes.get_errno())})")
+        raise OSError(ctypes.get_errno(), f"the interpreter under {', '.join(closed)} is closed to the agent and no "
+                                          f"mount namespace can open it (unshare: {os.strerror(ctypes.get_errno())})")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    staging = tempfile.mkdtemp(prefix="evalplane-python-")  # holds the installation while `closed` is covered
-    _mount(prefix, staging, None, MS_BIND | MS_REC)
-    _mount("tmpfs", closed, "tmpfs", 0, "mode=0755,size=1m")
-    os.makedirs(prefix, exist_ok=True)
-    _mount(staging, prefix, None, MS_BIND | MS_REC)
-    _mount(None, prefix, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
-    if libc.umount2(staging.encode(), 2) != 0:  # MNT_DETACH
-        raise OSError(ctypes.get_errno(), f"umount {staging}")
-    os.rmdir(staging)
+    for top, paths in closed.items():
+        staged = []
+        for path in paths:  # held elsewhere while `top` is covered
+            staging = tempfile.mkdtemp(prefix="evalplane-python-")
+            _mount(path, staging, None, MS_BIND | MS_REC)
+            staged.append((path, staging))
+        _mount("tmpfs", top, "tmpfs", 0, "mode=0755,size=1m")
+        for path, staging in staged:
+            os.makedirs(path, exist_ok=True)
+            _mount(staging, path, None, MS_BIND | MS_REC)
+            _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+            if libc.umount2(staging.encode(), 2) != 0:  # MNT_DETACH
+                raise OSError(ctypes.get_errno(), f"umount {staging}")
+            os.rmdir(staging)
 
 
 CLONE_NEWNET, SIOCSIFFLAGS, IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x40000000, 0x8914, 0x1, 0x8, 0x40
