@@ -235,10 +235,10 @@ class AttemptResult(BaseModel):
 
 
 class TamperFlag(Frozen):
-    """A patch touched something grading reads (eval_worker.tamper): the rule, and the files it names. A flag never
-    changes the official verdict; it is shown beside it."""
+    """A patch touched something grading reads (eval_worker.tamper): the rule, and the files it names. Shown beside
+    the official verdict; the files of eval_worker.tamper.LEFT_OUT_RULES were not part of the graded patch."""
 
-    rule: Literal["conftest", "pytest_config", "pytest_plugin", "test_file", "eval_input"]
+    rule: Literal["conftest", "pytest_config", "pytest_plugin", "pytest_hook", "test_file", "eval_input"]
     files: list[str]
 
 

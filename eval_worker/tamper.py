@@ -1,16 +1,21 @@
 """Tamper flags: what a patch touches that grading reads, besides the code under test.
 
-Grading stays official (the patch applied to a fresh container, the instance's eval script, the official verdict);
-a flag is shown beside the verdict, never instead of it. `tamper_flags(patch, instance)` is a pure function of the
-patch text and the instance row; every rule names the files it matched:
+`tamper_flags(patch, instance)` is a pure function of the patch text and the instance row; every rule names the files
+it matched:
 
 - conftest: a conftest.py anywhere (pytest loads it before any test).
 - pytest_config: pytest.ini / .pytest.ini; the pytest sections of tox.ini, setup.cfg ([pytest], [tool:pytest]) and
   pyproject.toml ([tool.pytest.ini_options]), or pytest settings changed in them.
-- pytest_plugin: a pytest hook defined, a plugin registered (pytest_plugins, a pytest11 entry point), or a file
-  that runs at interpreter start-up (sitecustomize.py, usercustomize.py, *.pth).
+- pytest_plugin: a plugin registered (pytest_plugins, a pytest11 entry point), or a file that runs at interpreter
+  start-up (sitecustomize.py, usercustomize.py, *.pth).
+- pytest_hook: a pytest hook defined (it only runs if something above registers it, or pytest's own source changed).
 - test_file: a test module or anything under a tests/ folder.
 - eval_input: a file the instance's test_patch touches, or the module of a test FAIL_TO_PASS / PASS_TO_PASS names.
+
+Grading resists the first three: `graded_patch` leaves their files out of the patch that is applied, the way the
+eval script itself resets the test files it runs; what remains is graded officially (a fresh container, the eval
+script, swebench's verdict). No gold patch of SWE-bench Verified or Lite trips them. The other rules are flagged
+beside the verdict, never instead of it: an edited test file of the test_patch is reset by the eval script anyway.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from pathlib import PurePosixPath
 
 from contract.models import TamperFlag
 
-RULES = ("conftest", "pytest_config", "pytest_plugin", "test_file", "eval_input")
+RULES = ("conftest", "pytest_config", "pytest_plugin", "pytest_hook", "test_file", "eval_input")
+LEFT_OUT_RULES = ("conftest", "pytest_config", "pytest_plugin")  # what decides which code pytest runs first
 PYTEST_INI_FILES = {"pytest.ini", ".pytest.ini"}
 SECTIONED_CONFIG = {"tox.ini", "setup.cfg", "pyproject.toml"}
 PYTEST_SECTIONS = re.compile(r"^\s*\[\s*(pytest|tool:pytest|tool\.pytest(\.[\w.-]+)?)\s*\]")
@@ -32,7 +38,8 @@ ANY_SECTION = re.compile(r"^\s*\[[^\]]+\]")
 PYTEST_OPTIONS = re.compile(r"^\s*(addopts|python_files|python_classes|python_functions|testpaths|norecursedirs|"
                             r"confcutdir|required_plugins|usefixtures|filterwarnings|xfail_strict|minversion|"
                             r"pytest_plugins|rootdir|console_output_style|log_cli\w*|doctest_optionflags)\s*[=:]")
-PLUGIN_LINE = re.compile(r"^\s*(async\s+)?def\s+pytest_\w+\s*\(|\bpytest_plugins\b|\bpytest11\b")
+PLUGIN_LINE = re.compile(r"\bpytest_plugins\b|\bpytest11\b")
+HOOK_LINE = re.compile(r"^\s*(async\s+)?def\s+pytest_\w+\s*\(")
 STARTUP_FILES = {"sitecustomize.py", "usercustomize.py"}
 TEST_DIRS = {"test", "tests", "testing"}
 TEST_MODULE = re.compile(r"^(test_.*|.*_tests?|tests?)\.py$")
@@ -44,6 +51,7 @@ class FileDiff:
 
     paths: set[str] = field(default_factory=set)
     lines: list[str] = field(default_factory=list)  # hunk lines with their +/-/space prefix
+    start: int = 0  # index of its first line in the patch
 
     @property
     def changed(self) -> list[str]:
@@ -80,10 +88,14 @@ HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@(.*)$")
 def parse_patch(patch: str) -> list[FileDiff]:
     """The files a patch touches (git or plain unified diff), renames, deletions and binary parts included. Hunks
     are read by their line counts, so a removed line that reads `--- x` is not taken for a header."""
+    return [f for f in _sections(patch) if f.paths]
+
+
+def _sections(patch: str) -> list[FileDiff]:
     files: list[FileDiff] = []
     cur: FileDiff | None = None
     old_left = new_left = 0  # lines left in the current hunk
-    for line in patch.splitlines():
+    for i, line in enumerate(patch.splitlines()):
         if old_left > 0 or new_left > 0:
             if line[:1] in "+- ":  # ("" too: an empty context line whose space was lost)
                 kind = line[:1] or " "
@@ -95,11 +107,11 @@ def parse_patch(patch: str) -> list[FileDiff]:
                 continue
             old_left = new_left = 0  # a malformed hunk: read on as headers
         if line.startswith("diff --git "):
-            cur = FileDiff(paths=set(_git_header_paths(line[len("diff --git "):])))
+            cur = FileDiff(paths=set(_git_header_paths(line[len("diff --git "):])), start=i)
             files.append(cur)
         elif line.startswith("--- "):
             if cur is None or cur.lines:
-                cur = FileDiff()
+                cur = FileDiff(start=i)
                 files.append(cur)
             if p := _strip_prefix(line[4:]):
                 cur.paths.add(p)
@@ -114,7 +126,7 @@ def parse_patch(patch: str) -> list[FileDiff]:
             for head in ("rename from ", "rename to ", "copy from ", "copy to "):
                 if line.startswith(head):
                     cur.paths.add(_unquote(line[len(head):]))
-    return [f for f in files if f.paths]
+    return files
 
 
 def _touches_pytest_section(f: FileDiff) -> bool:
@@ -185,9 +197,26 @@ def tamper_flags(patch: str, instance: dict) -> list[TamperFlag]:
             if (name in STARTUP_FILES or name.endswith(".pth")
                     or any(PLUGIN_LINE.search(ln) for ln in f.changed)):
                 found["pytest_plugin"].add(path)
+            if any(HOOK_LINE.search(ln) for ln in f.changed):
+                found["pytest_hook"].add(path)
             if _is_test_path(path):
                 found["test_file"].add(path)
             module = _module_of(path)
             if path in inputs or (module and any(m == module or m.startswith(module + ".") for m in modules)):
                 found["eval_input"].add(path)
     return [TamperFlag(rule=r, files=sorted(found[r])) for r in RULES if found[r]]
+
+
+def graded_patch(patch: str, flags: list[TamperFlag]) -> tuple[str, list[str]]:
+    """(the patch without the parts of the files LEFT_OUT_RULES flagged, those files sorted). Each file's part is cut
+    whole, headers to its last hunk; the rest of the patch is kept byte for byte."""
+    left_out = {p for f in flags if f.rule in LEFT_OUT_RULES for p in f.files}
+    if not left_out:
+        return patch, []
+    lines = patch.splitlines(keepends=True)
+    sections = _sections(patch)
+    keep = lines[:sections[0].start] if sections else lines
+    for sec, nxt in zip(sections, sections[1:] + [None]):
+        if not sec.paths & left_out:
+            keep += lines[sec.start:nxt.start if nxt else len(lines)]
+    return "".join(keep), sorted(left_out)

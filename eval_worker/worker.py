@@ -4,8 +4,9 @@ For each message (long polling): parse the EvalJob, keep extending the message's
 grading, fetch the patch from job.patch_uri (S3), grade it, upload the instance's log files under
 job.artifacts_prefix + "eval/", send Envelope(msg=verdict) to job.verdict_queue_url, signed with the verdict key
 (contract.signing: the writer lands no verdict without it), and only then delete the eval message.
-Every verdict carries the patch's tamper flags (eval_worker.tamper), beside the official outcome. A crash anywhere before the delete leaves the message to reappear; grading
-is idempotent and the results writer upserts on (run, instance_id, attempt).
+Every verdict carries the patch's tamper flags (eval_worker.tamper); the files of the rules that decide which code
+pytest runs first (conftest.py, pytest config, plugin registrations) are left out of the graded patch, and the
+verdict's reason names them. A crash anywhere before the delete leaves the message to reappear; grading is idempotent and the results writer upserts on (run, instance_id, attempt).
 
 Poison messages (not an EvalJob, or an empty patch, which the writer never enqueues) are logged and
 deleted without a verdict. A patch that cannot be fetched gives an INFRA_ERROR verdict.
@@ -26,12 +27,15 @@ from contract.models import Envelope, EvalJob, EvalOutcome, Verdict, utcnow
 from eval_worker.grading import grade
 from eval_worker.layout import UPLOADED_FILES, instance_log_dir
 from eval_worker.sandbox import GradingBackend, ProcessBackend
-from eval_worker.tamper import tamper_flags
+from eval_worker.tamper import graded_patch, tamper_flags
 
 log = logging.getLogger("eval_worker")
 
 CONTENT_TYPES = {".json": "application/json", ".diff": "text/x-diff", ".sh": "text/x-shellscript"}
 MAX_WAIT_S = 20  # SQS long-polling maximum
+# the official report entry of a patch with nothing left to apply once grading's left-out files are cut
+NOTHING_GRADED = {"patch_is_None": False, "patch_exists": True, "patch_successfully_applied": False,
+                  "resolved": False}
 
 
 eval_prefix = aws.eval_logs_prefix
@@ -159,10 +163,19 @@ class EvalWorker:
         if not patch.strip():
             log.error("%s: empty patch on the eval queue (never graded), deleting", job.ref.slug)
             return None
-        verdict = grade(job, patch, self.logs_root, self.backend)
         flags = tamper_flags(patch, job.instance)
         if flags:
             log.warning("%s: tamper flags %s", job.ref.slug, "; ".join(f"{f.rule}: {', '.join(f.files)}" for f in flags))
+        graded, left_out = graded_patch(patch, flags)
+        if not graded.strip():  # nothing but files grading leaves out: the untouched base, which fails FAIL_TO_PASS
+            now = utcnow()
+            return Verdict(ref=job.ref, outcome=EvalOutcome.UNRESOLVED, resolved=False, report=NOTHING_GRADED,
+                           reason=f"nothing graded: the patch changes only {', '.join(left_out)}", started_at=started,
+                           ended_at=now, tamper_flags=flags)
+        verdict = grade(job, graded, self.logs_root, self.backend)
+        if left_out:
+            verdict = verdict.model_copy(update={"reason": "; ".join(
+                filter(None, [verdict.reason, f"graded without {', '.join(left_out)}"]))})
         return verdict.model_copy(update={"tamper_flags": flags})
 
     def _log_dir(self, job: EvalJob) -> Path:

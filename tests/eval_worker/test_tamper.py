@@ -4,18 +4,22 @@ Django-shaped instance is SWE-bench Verified's django__django-13128 (its test na
 
 from __future__ import annotations
 
+import json
 import textwrap
+from pathlib import Path
 
+import pyarrow.parquet as pq
 from ew_helpers import load_instances, make_job
 
 from contract.models import EvalOutcome
-from eval_worker.tamper import parse_patch, tamper_flags
+from eval_worker.tamper import graded_patch, parse_patch, tamper_flags
 
 
 def flags(patch: str, instance: dict | None = None) -> dict[str, list[str]]:
     return {f.rule: f.files for f in tamper_flags(textwrap.dedent(patch).lstrip("\n"), instance or {})}
 
 
+ROOT = Path(__file__).resolve().parents[2]
 CALC = load_instances()["evalplane__calc-1"]
 DJANGO = {
     "instance_id": "django__django-13128",
@@ -55,7 +59,7 @@ def test_a_conftest_anywhere_and_the_hooks_it_defines():
         -    return ordered[mid]
         +    return ordered[mid - 1]
         ''', CALC)
-    assert got == {"conftest": ["conftest.py"], "pytest_plugin": ["conftest.py"]}
+    assert got == {"conftest": ["conftest.py"], "pytest_hook": ["conftest.py"]}
     nested = flags('''
         diff --git a/src/pkg/sub/conftest.py b/src/pkg/sub/conftest.py
         --- a/src/pkg/sub/conftest.py
@@ -171,7 +175,7 @@ def test_plugins_and_interpreter_start_up_files():
         @@ -0,0 +1 @@
         +import calc.plugin
         ''')
-    assert got == {"pytest_plugin": ["calc/plugin.py", "calc/sitecustomize.py", "setup.py", "zz.pth"]}
+    assert got == {"pytest_plugin": ["calc/sitecustomize.py", "setup.py", "zz.pth"], "pytest_hook": ["calc/plugin.py"]}
 
 
 def test_the_eval_scripts_inputs_pytest_and_django_shaped():
@@ -240,18 +244,53 @@ def test_headers_binary_parts_quoted_paths_and_hunk_lines_that_look_like_headers
     assert [sorted(f.paths) for f in parse_patch(plain)] == [["calc/x.py"], ["conftest.py"]]
 
 
-def test_grading_stays_official_and_the_flags_ride_with_the_verdict(instances, tmp_path, moto_endpoint, unique):
-    """The gold patch plus a conftest.py: the worker's verdict is the official one (RESOLVED, by the eval script and
-    swebench's grading, the patch applied to a fresh checkout) and carries the conftest flag beside it."""
+def test_grading_leaves_out_what_decides_which_code_pytest_runs_and_keeps_the_rest_byte_for_byte():
+    fix = load_instances()["evalplane__calc-1"]["patch"]
+    conftest = ("diff --git a/conftest.py b/conftest.py\nnew file mode 100644\nindex 0000000..3b18e51\n--- /dev/null\n"
+                "+++ b/conftest.py\n@@ -0,0 +1,2 @@\n+def pytest_runtest_makereport(item, call):\n+    pass\n")
+    ini = "diff --git a/pytest.ini b/pytest.ini\n--- a/pytest.ini\n+++ b/pytest.ini\n@@ -1 +1 @@\n-[pytest]\n+[pytest] \n"
+    test = ("diff --git a/tests/test_new.py b/tests/test_new.py\nnew file mode 100644\n--- /dev/null\n"
+            "+++ b/tests/test_new.py\n@@ -0,0 +1 @@\n+def test_x(): pass\n")
+    patch = conftest + fix + ini + test
+    got, left_out = graded_patch(patch, tamper_flags(patch, CALC))
+    assert left_out == ["conftest.py", "pytest.ini"]
+    assert got == fix + test  # test files are flagged, not left out: the eval script resets the ones it runs
+    assert graded_patch(fix, tamper_flags(fix, CALC)) == (fix, [])
+    assert graded_patch(conftest, tamper_flags(conftest, CALC)) == ("", ["conftest.py"])
+    # every gold patch graded as written: the synthetic instances' and SWE-bench Verified's and Lite's (823 rows)
+    rows = list(load_instances().values())
+    for name in ("SWE-bench_Verified_test", "SWE-bench_Lite_test", "SWE-bench_Lite_dev"):
+        rows += pq.read_table(ROOT.parent / "shared" / "datasets" / f"{name}.parquet").to_pylist()
+    assert len(rows) > 823
+    for row in rows:
+        assert graded_patch(row["patch"], tamper_flags(row["patch"], row)) == (row["patch"], []), row["instance_id"]
+
+
+def test_a_conftest_that_forces_passes_is_left_out_and_the_official_verdict_of_the_rest_stands(
+        instances, tmp_path, moto_endpoint, unique):
+    """A wrong fix plus a conftest.py that turns every failed test into a pass: the worker grades the wrong fix alone
+    (UNRESOLVED, by the eval script and swebench's grading, on a fresh checkout) and flags the conftest; the gold fix
+    with the same conftest stays RESOLVED."""
     from contract import aws
     from eval_worker.worker import EvalWorker
+    from simulator.red_team import CONFTEST
 
     row = instances["evalplane__calc-1"]
-    patch = row["patch"] + ("diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n"
-                            "+++ b/conftest.py\n@@ -0,0 +1 @@\n+collect_ignore = []\n")
+    forcing = "".join(f"+{ln}\n" for ln in CONFTEST.splitlines())
+    conftest = (f"diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/conftest.py\n"
+                f"@@ -0,0 +1,{len(CONFTEST.splitlines())} @@\n{forcing}")
+    wrong = json.loads((ROOT / "examples/synthetic/demo_policy.json").read_text())["instances"][row["instance_id"]]["patch"]
     aws.client("s3").create_bucket(Bucket=unique)
-    uri = f"s3://{unique}/runs/{unique}/attempts/{row['instance_id']}/1/patch.diff"
-    aws.put_text(uri, patch)
-    verdict = EvalWorker("http://unused/eval", tmp_path).grade_job(make_job(row, run=unique, patch_uri=uri))
-    assert verdict.outcome is EvalOutcome.RESOLVED and verdict.resolved
-    assert [(f.rule, f.files) for f in verdict.tamper_flags] == [("conftest", ["conftest.py"])]
+    got = {}
+    for name, patch in (("wrong", conftest + wrong), ("gold", row["patch"] + conftest), ("only", conftest)):
+        uri = f"s3://{unique}/runs/{unique}/attempts/{row['instance_id']}/{name}/patch.diff"
+        aws.put_text(uri, patch)
+        got[name] = EvalWorker("http://unused/eval", tmp_path / name).grade_job(
+            make_job(row, run=f"{unique}-{name}", patch_uri=uri))
+    for v in got.values():
+        assert ("conftest", ["conftest.py"]) in [(f.rule, f.files) for f in v.tamper_flags]
+    assert got["wrong"].outcome is EvalOutcome.UNRESOLVED and not got["wrong"].resolved
+    assert got["wrong"].report["tests_status"]["FAIL_TO_PASS"]["failure"]  # the tests ran, the fix's tests failed
+    assert "graded without conftest.py" in got["wrong"].reason
+    assert got["gold"].outcome is EvalOutcome.RESOLVED and got["gold"].resolved
+    assert got["only"].outcome is EvalOutcome.UNRESOLVED and "nothing graded" in got["only"].reason

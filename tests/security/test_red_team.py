@@ -60,7 +60,8 @@ def test_forged_messages_change_nothing_and_the_run_equals_the_honest_one(runs):
     same = {k: a[k] for k in a if k not in IDS_AND_TIMINGS | USAGE}
     assert same == {k: b[k] for k in b if k not in IDS_AND_TIMINGS | USAGE}
     assert red["patch"] == honest["patch"] and "conftest.py" in red["patch"]
-    assert a["status"] in ("RESOLVED", "UNRESOLVED")  # the official verdict of that patch, in both runs
+    # the conftest.py that forces passes is left out of grading: the wrong fix's official verdict, in both runs
+    assert a["status"] == "UNRESOLVED", a
     for k in ("resolved_ids", "unresolved_ids", "empty_patch_ids", "error_ids"):
         assert red["report"][k] == honest["report"][k], k
     assert [(p["phase"], p["outcome"]) for p in red["phases"]] == [(p["phase"], p["outcome"]) for p in honest["phases"]]
@@ -83,5 +84,5 @@ def test_the_conftest_is_flagged(runs):
     if "tamper_flags" not in red["attempt"]:
         pytest.fail("attempts.tamper_flags is missing: the tamper flags (issue 24 item 4) are not merged")
     flags = red["attempt"]["tamper_flags"]
-    assert "conftest.py" in str(flags), flags
+    assert {"rule": "conftest", "files": ["conftest.py"]} in flags, flags
     assert flags == honest["attempt"]["tamper_flags"]
