@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import re
 
-from simulator.action_formats.base import pad_text
-from simulator.policy import UNKNOWN_TEXT, Conversation, Reply
+from simulator.action_formats.base import TextReplies, pad_text
+from simulator.policy import Conversation, Reply
 
 SYSTEM_MARKER = "diff -U0"  # in Aider's udiff system prompt ("... unified diffs that `diff -U0` would produce")
 ASK = "Before I change anything, please add these files to the chat:"
@@ -49,7 +49,7 @@ def udiff_blocks(sections: list[tuple[str, str]]) -> str:
     return "\n".join(f"```diff\n{text}```\n" for _, text in sections)
 
 
-class AiderUdiff:
+class AiderUdiff(TextReplies):
     name = "aider-udiff"
     acts = True
 
@@ -68,12 +68,3 @@ class AiderUdiff:
 
     def patch(self, patch: str, conversation: Conversation) -> Reply:
         return Reply("I know the fix; here are the changes.\n\n" + udiff_blocks(file_sections(patch)))
-
-    def finish(self, conversation: Conversation) -> Reply:
-        return Reply("The fix is applied: the change is in the working tree. I am done.")
-
-    def text(self, row: dict, conversation: Conversation) -> Reply:
-        return Reply(f"Fix {row['instance_id']}")
-
-    def unknown(self, conversation: Conversation) -> Reply:
-        return Reply(UNKNOWN_TEXT)

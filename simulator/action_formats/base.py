@@ -52,7 +52,21 @@ def pad_text(text: str, pad: int) -> str:
     return text if pad <= 0 else text + "\n" + ("Still thinking about it. " * (pad // 25 + 1))[:pad]
 
 
-class ShellFormat:
+class TextReplies:
+    """The replies most formats give alike: the run ends with a text answer, a request without tools gets a title,
+    an unrecognised one the policy's unknown text."""
+
+    def finish(self, conversation: Conversation) -> Reply:
+        return Reply("The fix is applied: the change is in the working tree. I am done.")
+
+    def text(self, row: dict, conversation: Conversation) -> Reply:
+        return Reply(f"Fix {row['instance_id']}")
+
+    def unknown(self, conversation: Conversation) -> Reply:
+        return Reply(UNKNOWN_TEXT)
+
+
+class ShellFormat(TextReplies):
     """A harness that acts through one shell tool: look and patch are shell commands; the finish step is the
     subclass's (a text reply by default)."""
 
@@ -74,12 +88,3 @@ class ShellFormat:
 
     def patch(self, patch: str, conversation: Conversation) -> Reply:
         return Reply("THOUGHT: I know the fix; let me apply it.", self.call(conversation, apply_command(patch)))
-
-    def finish(self, conversation: Conversation) -> Reply:
-        return Reply("The fix is applied: the change is in the working tree. I am done.")
-
-    def text(self, row: dict, conversation: Conversation) -> Reply:
-        return Reply(f"Fix {row['instance_id']}")
-
-    def unknown(self, conversation: Conversation) -> Reply:
-        return Reply(UNKNOWN_TEXT)

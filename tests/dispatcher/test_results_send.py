@@ -8,6 +8,7 @@ the results queue nor its dead-letter queue. The interleaving is forced here, on
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -153,36 +154,46 @@ def test_a_body_stored_other_than_sent_is_sent_again_then_fails_loudly(monkeypat
     stub.assert_no_pending_responses()
 
 
+def backend_with(n: int) -> SQSBackend:
+    """A fresh SQS backend whose queue "q" holds n messages."""
+    b = SQSBackend("us-east-1", "123456789012")
+    b.create_queue("q")
+    for i in range(n):
+        b.send_message("q", f"m{i}")
+    return b
+
+
+@contextlib.contextmanager
+def visibility_checks(monkeypatch):
+    """Counts Message.visible evaluations inside the block: [count]."""
+    checks = [0]
+    stock = Message.visible
+
+    def counted(self):
+        checks[0] += 1
+        return stock.fget(self)
+
+    monkeypatch.setattr(Message, "visible", property(counted))
+    try:
+        yield checks
+    finally:
+        monkeypatch.setattr(Message, "visible", stock)
+
+
 def test_the_stand_in_sends_and_receives_without_scanning_the_queue_and_still_counts(stock_moto, monkeypatch):
     """moto counts every message in the queue for each one sent or received (its attributes, read several times a
     message): in the stand-in a message costs the same whatever the depth, and GetQueueAttributes still counts."""
 
-    def visibility_checks(backend: SQSBackend) -> int:
-        """Message.visible evaluations for one message sent and one received, with 500 messages in the queue."""
-        checks = [0]
-        stock = Message.visible
-
-        def counted(self):
-            checks[0] += 1
-            return stock.fget(self)
-
-        monkeypatch.setattr(Message, "visible", property(counted))
-        backend.send_message("q", "one more")
-        backend.receive_message("q", 1, 0, 30)
-        monkeypatch.setattr(Message, "visible", stock)
+    def one_sent_and_one_received(backend: SQSBackend) -> int:
+        with visibility_checks(monkeypatch) as checks:
+            backend.send_message("q", "one more")
+            backend.receive_message("q", 1, 0, 30)
         return checks[0]
 
-    def backend_with_500() -> SQSBackend:
-        b = SQSBackend("us-east-1", "123456789012")
-        b.create_queue("q")
-        for i in range(500):
-            b.send_message("q", f"m{i}")
-        return b
-
-    stock_checks = visibility_checks(backend_with_500())
+    stock_checks = one_sent_and_one_received(backend_with(500))
     moto_server.patch()
-    b = backend_with_500()
-    assert visibility_checks(b) < 600 < 4 * 500 < stock_checks  # one scan to pick the message, no counting
+    b = backend_with(500)
+    assert one_sent_and_one_received(b) < 600 < 4 * 500 < stock_checks  # one scan to pick the message, no counting
     b.receive_message("q", 3, 0, 30)
     got = b.get_queue_attributes("q", ["All"])
     assert (got["ApproximateNumberOfMessages"], got["ApproximateNumberOfMessagesNotVisible"]) == (497, 4)
@@ -193,20 +204,9 @@ def test_the_stand_in_receives_and_deletes_without_walking_the_whole_queue_and_d
     """A receive reads the visible messages only as far as it takes them; a DeleteMessageBatch walks the queue once
     for its entries: deleted, already deleted (success again), or unknown (ReceiptHandleIsInvalid), as moto answers."""
     moto_server.patch()
-    b = SQSBackend("us-east-1", "123456789012")
-    b.create_queue("q")
-    for i in range(500):
-        b.send_message("q", f"m{i}")
-    checks = [0]
-    stock = Message.visible
-
-    def counted(self):
-        checks[0] += 1
-        return stock.fget(self)
-
-    monkeypatch.setattr(Message, "visible", property(counted))
-    got = b.receive_message("q", 10, 0, 30)
-    monkeypatch.setattr(Message, "visible", stock)
+    b = backend_with(500)
+    with visibility_checks(monkeypatch) as checks:
+        got = b.receive_message("q", 10, 0, 30)
     assert len(got) == 10 and checks[0] < 50  # not 500
     first = b.receive_message("q", 1, 1, 30)  # a long poll with messages visible answers at once
     assert len(first) == 1
