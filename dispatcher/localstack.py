@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from dispatcher.instances import PROJECT_ROOT
@@ -40,6 +41,15 @@ def _answers(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+def _serves_s3(endpoint: str) -> bool:
+    """The server lists buckets (S3's ListBuckets answers 200 on moto, whatever the credentials)."""
+    try:
+        with urllib.request.urlopen(endpoint + "/", timeout=5) as r:
+            return r.status == 200
+    except (OSError, ValueError):
+        return False
+
+
 def ensure_moto() -> str:
     """Return the S3/SQS endpoint: $AWS_ENDPOINT_URL if set, else a moto server daemon on loopback."""
     for k, v in LOCAL_AWS_ENV.items():
@@ -47,6 +57,15 @@ def ensure_moto() -> str:
     if os.environ.get("AWS_ENDPOINT_URL"):
         return os.environ["AWS_ENDPOINT_URL"]
     endpoint = f"http://127.0.0.1:{MOTO_PORT}"
+    if _answers("127.0.0.1", MOTO_PORT) and not _serves_s3(endpoint):
+        # e.g. a server left by a checkout since deleted: its imports fail and every call answers 500
+        stop_moto()  # ours (its pid file in the state folder): start it afresh
+        deadline = time.monotonic() + 10
+        while _answers("127.0.0.1", MOTO_PORT) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _answers("127.0.0.1", MOTO_PORT):
+            raise RuntimeError(f"port {MOTO_PORT} answers, but not as an S3/SQS server, and it is not this "
+                               f"checkout's moto ({state_dir() / 'moto.pid'}): stop it, or set EVALPLANE_MOTO_PORT")
     if not _answers("127.0.0.1", MOTO_PORT):
         log = open(state_dir() / "moto.log", "ab")
         proc = subprocess.Popen(  # moto's server with its SQS message-loss race fixed (dispatcher.moto_server)
