@@ -36,8 +36,6 @@ class OpenHands(PipHarness):
     def prepare(self, job: Job, testbed: Path, workdir: Path, shim_url: str, local_token: str,
                 env: dict[str, str]) -> HarnessRun:
         home = harness_home(workdir)
-        out = workdir / "openhands"
-        out.mkdir(exist_ok=True)
         provider = job.model.provider
         env = env | {
             "HOME": str(home), "LANG": "C.UTF-8",
@@ -50,9 +48,11 @@ class OpenHands(PipHarness):
             "OPENHANDS_SUPPRESS_BANNER": "1", "HF_HUB_OFFLINE": "1",
         }
         turns = job.limits.max_turns or UNBOUNDED_ITERATIONS
+        # its files straight in workdir: the task runner uploads workdir/trajectory.json, as for every harness
         argv = [self.python_bin(), str(self.install_dir() / "run_openhands.py"),
-                str(write_task(job, self, testbed, workdir)), str(out), str(turns)]
-        return HarnessRun(argv=argv, env=env, trajectory=out / "trajectory.json", extra={"status": str(out / "status.json")})
+                str(write_task(job, self, testbed, workdir)), str(workdir), str(turns)]
+        return HarnessRun(argv=argv, env=env, trajectory=workdir / "trajectory.json",
+                          extra={"status": str(workdir / "status.json")})
 
     def outcome(self, run: HarnessRun, exit_code: int) -> HarnessOutcome:
         """Finished (its finish tool, or a reply without a tool call): submitted; stopped at its iteration limit:

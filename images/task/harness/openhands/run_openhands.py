@@ -5,14 +5,16 @@ tracker, plus its built-in finish and think), its model configured from the LLM_
 LLM_API_KEY, ...) exactly as the `openhands` CLI reads it with --override-with-envs. Unlike the CLI, nothing else
 is started: no terminal UI, no update check against the package index, no clone of the public skills repository.
 
-Writes OUT_DIR/trajectory.json (every event of the conversation) and OUT_DIR/status.json (how the run ended); the
-conversation's own files go under OUT_DIR/conversations. Runs on OpenHands' Python, never imports the project.
+Writes OUT_DIR/trajectory.json (every event of the conversation, as {"harness", "version", "events"} like the other
+harnesses' trajectories) and OUT_DIR/status.json (how the run ended); the conversation's own files go under
+OUT_DIR/conversations. Runs on OpenHands' Python, never imports the project.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 
@@ -33,7 +35,8 @@ def main(task_file: str, out_dir: str, max_iterations: str) -> int:
     state = conversation.state
     events = [event.model_dump(mode="json") for event in state.events]
     codes = [e.get("code") for e in events if e.get("kind") == "ConversationErrorEvent"]
-    (out / "trajectory.json").write_text(json.dumps({"events": events}, default=str))
+    (out / "trajectory.json").write_text(json.dumps(
+        {"harness": "openhands", "version": version("openhands-sdk"), "events": events}, default=str))
     (out / "status.json").write_text(json.dumps({
         "execution_status": state.execution_status.value, "error_codes": codes, "error": error}))
     print(f"openhands ended: {state.execution_status.value} {codes} {error or ''}", file=sys.stderr)
