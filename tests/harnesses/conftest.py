@@ -176,3 +176,13 @@ def harness_run(harness: str, tmp: Path, database_url: str, valkey_url: str, mot
                     if a.get("trajectory_uri")}
     print(f"\n{harness}: dispatcher run {wall:.1f} s; images: {built.stdout.strip().splitlines()[-1]}")
     return HarnessRun(harness, run, case, wall, p.stdout, p.stderr, attempts, calls, trajectories, traces)
+
+
+def harness_run_fixture(harness: str):
+    """A module's `run` fixture: one dispatcher run of `harness`, shared by the module's tests."""
+
+    @pytest.fixture(scope="module")
+    def run(instance_images, tmp_path_factory, database_url, valkey_url, moto_endpoint):
+        return harness_run(harness, tmp_path_factory.mktemp(harness), database_url, valkey_url, moto_endpoint)
+
+    return run

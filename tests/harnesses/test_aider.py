@@ -21,7 +21,7 @@ from harness.adapters.base import HarnessRun
 from simulator.action_formats import choose
 from simulator.action_formats.aider_udiff import ASK, STALE, file_sections
 from simulator.policy import Conversation, DemoPolicy, PolicyFile
-from tests.harnesses.conftest import CASES, COST_CAP, SYNTHETIC, TURN_CAP, Case, harness_run
+from tests.harnesses.conftest import CASES, COST_CAP, SYNTHETIC, TURN_CAP, Case, harness_run_fixture
 from tests.harnesses.test_harness_runs import (  # noqa: F401 - the shared checks, run here on Aider's run
     test_every_call_is_metered_with_tokens,
     test_injected_429_and_529_never_reach_the_harness,
@@ -50,9 +50,7 @@ CASES["aider"] = Case("openai", "gpt-4o-mini", attempt_usd=0.02, max_turns=3, in
 pytestmark = pytest.mark.timeout(3000)
 
 
-@pytest.fixture(scope="module")
-def run(instance_images, tmp_path_factory, database_url, valkey_url, moto_endpoint):
-    return harness_run("aider", tmp_path_factory.mktemp("aider"), database_url, valkey_url, moto_endpoint)
+run = harness_run_fixture("aider")
 
 
 @pytest.mark.e2e

@@ -16,7 +16,7 @@ from harness.adapters import ADAPTERS
 from harness.adapters.base import Cap
 from simulator.action_formats import choose
 from simulator.policy import LOOK, Conversation, DemoPolicy, OfferedTool, PolicyFile
-from tests.harnesses.conftest import CASES, GOLD, MAX_TURNS, TURN_CAP, Case, harness_run
+from tests.harnesses.conftest import CASES, GOLD, MAX_TURNS, TURN_CAP, Case, harness_run_fixture
 from tests.harnesses.test_harness_runs import (  # noqa: F401 - the shared checks, run here on OpenHands' run
     test_every_call_is_metered_with_tokens,
     test_injected_429_and_529_never_reach_the_harness,
@@ -34,9 +34,7 @@ CASES["openhands"] = Case("openai", "gpt-4o-mini", attempt_usd=0.08)
 pytestmark = pytest.mark.timeout(3000)
 
 
-@pytest.fixture(scope="module")
-def run(instance_images, tmp_path_factory, database_url, valkey_url, moto_endpoint):
-    return harness_run("openhands", tmp_path_factory.mktemp("openhands"), database_url, valkey_url, moto_endpoint)
+run = harness_run_fixture("openhands")
 
 
 @pytest.mark.e2e
