@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 import psycopg
-from psycopg.types.json import Jsonb, set_json_dumps
+from psycopg.types.json import Json, Jsonb, set_json_dumps
 from pydantic_core import PydanticUndefined
 
 from contract import aws
@@ -131,7 +131,7 @@ _ATTEMPT_TYPES = ("text", "text", "int", "text", "text", "text", "text", "text",
 # a harness phase row for each attempt row that is new (RETURNING tells: a redelivery returns nothing).
 _INSERT_ATTEMPTS = f"""
 WITH src AS (
-    SELECT * FROM jsonb_to_recordset(%s::jsonb) AS t({", ".join(f"{c} {t}" for c, t in zip(_ATTEMPT_COLUMNS,
+    SELECT * FROM json_to_recordset(%s::json) AS t({", ".join(f"{c} {t}" for c, t in zip(_ATTEMPT_COLUMNS,
                                                                                          _ATTEMPT_TYPES))}, detail jsonb)
 ), new AS (
     INSERT INTO attempts ({", ".join(_ATTEMPT_COLUMNS)})
@@ -266,7 +266,7 @@ class ResultsWriter:
                 "ended_at": r.ended_at.isoformat(), "error": r.error,
                 "detail": {"ledger_calls": r.ledger_calls, "error": r.error},
             })
-        cur.execute(_INSERT_ATTEMPTS, (Jsonb(rows),))
+        cur.execute(_INSERT_ATTEMPTS, (Json(rows),))
         return [AttemptRef(run=r, instance_id=i, attempt=a) for r, i, a, st in cur.fetchall()
                 if st == AttemptStatus.PATCH_READY.value]
 
