@@ -126,6 +126,8 @@ def simulator_args(plan: Plan, run_dir: Path) -> list[str]:
         argv += ["--error-rate", str(sim.error_rate)]
     if sim and sim.error_statuses:
         argv += ["--error-statuses", ",".join(map(str, sim.error_statuses))]
+    if sim and sim.seed is not None:
+        argv += ["--seed", str(sim.seed)]
     return argv
 
 

@@ -228,6 +228,7 @@ class SimulatorSpec(Strict):
     error_rate: float = Field(0.0, ge=0, le=1)
     error_statuses: list[Literal[429, 500, 503, 529]] | None = Field(
         None, min_length=1, description="the statuses injected errors answer with (default: 429, 529, 503)")
+    seed: int | None = Field(None, description="seed for the injected errors' dice: the same faults in the same order")
 
     @field_validator("policy")
     @classmethod

@@ -125,3 +125,20 @@ def test_validate_cli_exits_nonzero_and_writes_nothing(tmp_path, database_url):
     with psycopg.connect(database_url) as conn:
         assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == before
     assert not (tmp_path / "state").exists()
+
+
+def test_the_simulators_fault_settings_reach_its_command_line(tmp_path):
+    from dispatcher.run import simulator_args
+    from simulator.config import SimulatorConfig
+    from simulator.faults import Faults
+
+    synthetic = GOOD.format(name="p", dataset=ROOT / "examples/synthetic/instances.jsonl",
+                            extra=f'repos = "{ROOT / "examples/synthetic/repos"}"')
+    spec = load_spec(write(tmp_path, synthetic + '[simulator]\nerror_rate = 0.3\nerror_statuses = [429, 529]\nseed = 4\n'))
+    argv = simulator_args(make_plan(spec), tmp_path)
+    assert argv[argv.index("--error-rate") + 1] == "0.3" and argv[argv.index("--seed") + 1] == "4"
+    assert argv[argv.index("--error-statuses") + 1] == "429,529"
+    # the seed the harness runs use: their first call fails, whatever the number of calls
+    assert Faults(SimulatorConfig(error_rate=0.3, error_statuses=[429, 529], seed=4)).status() == 429
+    unseeded = simulator_args(make_plan(load_spec(write(tmp_path, synthetic))), tmp_path)
+    assert "--seed" not in unseeded
