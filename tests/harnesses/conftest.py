@@ -1,5 +1,5 @@
 """One dispatcher run per harness, in task images on the docker launcher, against the provider simulator through the
-shim, shared by every test of that harness (module scope) and covering the four cases at once:
+shim, shared by every test of that harness (`harness_runs`, session scope) and covering the four cases at once:
 
   * the gold instance: look, apply the gold patch, finish -> submitted, RESOLVED;
   * the turn-cap instance: the gold patch, then never finishing -> max_turns_exceeded, patch kept, RESOLVED;
@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from simulator.action_formats.aider_udiff import STALE, file_sections
+
 ROOT = Path(__file__).resolve().parents[2]
 SYNTHETIC = ROOT / "examples" / "synthetic"
 GOLD, TURN_CAP, COST_CAP = "evalplane__calc-2", "evalplane__textkit-1", "evalplane__textkit-3"
@@ -40,11 +42,28 @@ class Case:
     instances: dict | None = None  # the policy's script for some instances, where this harness needs its own
 
 
+ROWS = {r["instance_id"]: r for r in map(json.loads, (SYNTHETIC / "instances.jsonl").read_text().splitlines()) if r}
+
+
+def with_stale_hunk(patch: str, stale_lines: int) -> str:
+    """The patch and, after it, a hunk on its first file that applies nowhere (Aider's cap instances: a run of
+    Aider's goes on only while it has something to reflect on)."""
+    path = file_sections(patch)[0][0]
+    return patch + f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n@@ -1,1 +1,1 @@\n" + STALE * stale_lines
+
+
 CASES = {
     "mini-swe-agent": Case("openai", "gpt-4o-mini", 0.08),
     "claude-code": Case("anthropic", "claude-haiku-4-5", 0.3),
     "codex": Case("openai", "gpt-4o-mini", 0.08),
     "opencode": Case("openai", "gpt-4o-mini", 0.08),
+    # Aider reflects at most three times a run: its cap instances answer with the gold patch plus a hunk that cannot
+    # apply, so it asks again until a cap refuses the call (tests/harnesses/test_aider.py)
+    "aider": Case("openai", "gpt-4o-mini", attempt_usd=0.02, max_turns=3, instances={
+        TURN_CAP: {"action": "patch", "patch": with_stale_hunk(ROWS[TURN_CAP]["patch"], 1), "keep_going": True},
+        COST_CAP: {"action": "patch", "patch": with_stale_hunk(ROWS[COST_CAP]["patch"], 800), "keep_going": True},
+    }),
+    "openhands": Case("openai", "gpt-4o-mini", attempt_usd=0.08),
 }
 POLICY = {
     "default": {"action": "gold"},
@@ -179,11 +198,16 @@ def harness_run(harness: str, tmp: Path, database_url: str, valkey_url: str, mot
     return HarnessRun(harness, run, case, wall, p.stdout, p.stderr, attempts, calls, trajectories, traces)
 
 
-def harness_run_fixture(harness: str):
-    """A module's `run` fixture: one dispatcher run of `harness`, shared by the module's tests."""
 
-    @pytest.fixture(scope="module")
-    def run(instance_images, tmp_path_factory, database_url, valkey_url, moto_endpoint):
-        return harness_run(harness, tmp_path_factory.mktemp(harness), database_url, valkey_url, moto_endpoint)
+@pytest.fixture(scope="session")
+def harness_runs(instance_images, tmp_path_factory, database_url, valkey_url, moto_endpoint):
+    """harness name -> its one dispatcher run, made when a test first asks for it and shared by every test after."""
+    runs: dict[str, HarnessRun] = {}
 
-    return run
+    def run_of(harness: str) -> HarnessRun:
+        if harness not in runs:
+            runs[harness] = harness_run(harness, tmp_path_factory.mktemp(harness), database_url, valkey_url,
+                                        moto_endpoint)
+        return runs[harness]
+
+    return run_of

@@ -1,6 +1,5 @@
-"""Aider end to end, unchanged, in its task image on the docker launcher, against the provider simulator through the
-shim (one dispatcher run, tests/harnesses/conftest.py: resolved, turn cap, attempt cap, 30% injected 429/529, and
-no connection but the shim), plus its adapter and its simulator action format without containers.
+"""Aider's own checks on its end-to-end run (tests/harnesses/conftest.py; the checks every harness passes are in
+test_harness_runs.py), plus its adapter and its simulator action format without containers.
 
 Aider calls the model again only to reflect (on files it added to the chat, an edit that did not apply, lint
 errors), at most three times a run. So its cap instances answer with the gold patch plus one hunk that cannot apply
@@ -21,36 +20,16 @@ from harness.adapters.base import HarnessRun
 from simulator.action_formats import choose
 from simulator.action_formats.aider_udiff import ASK, STALE, file_sections
 from simulator.policy import Conversation, DemoPolicy, PolicyFile
-from tests.harnesses.conftest import CASES, COST_CAP, SYNTHETIC, TURN_CAP, Case, harness_run_fixture
-from tests.harnesses.test_harness_runs import (  # noqa: F401 - the shared checks, run here on Aider's run
-    test_every_call_is_metered_with_tokens,
-    test_injected_429_and_529_never_reach_the_harness,
-    test_the_attempt_cap_ends_the_session_with_the_patch_kept,
-    test_the_gold_patch_comes_back_and_resolves,
-    test_the_harness_calls_nobody_but_the_shim,
-    test_the_turn_cap_ends_the_session_with_the_patch_kept,
-)
+from tests.harnesses.conftest import ROWS, TURN_CAP
 from tests.harnesses.test_seam import job
-
-ROWS = {r["instance_id"]: r for r in map(json.loads, (SYNTHETIC / "instances.jsonl").read_text().splitlines()) if r}
-
-
-def with_stale_hunk(patch: str, stale_lines: int) -> str:
-    """The patch and, after it, a hunk on its first file that applies nowhere."""
-    path = file_sections(patch)[0][0]
-    return patch + f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n@@ -1,1 +1,1 @@\n" + STALE * stale_lines
-
-
-CASES["aider"] = Case("openai", "gpt-4o-mini", attempt_usd=0.02, max_turns=3, instances={
-    TURN_CAP: {"action": "patch", "patch": with_stale_hunk(ROWS[TURN_CAP]["patch"], 1), "keep_going": True},
-    COST_CAP: {"action": "patch", "patch": with_stale_hunk(ROWS[COST_CAP]["patch"], 800), "keep_going": True},
-})
 
 # the first test builds the images and runs the dispatcher: past pytest's default 600 s on a cold machine
 pytestmark = pytest.mark.timeout(3000)
 
 
-run = harness_run_fixture("aider")
+@pytest.fixture(scope="module")
+def run(harness_runs):
+    return harness_runs("aider")
 
 
 @pytest.mark.e2e

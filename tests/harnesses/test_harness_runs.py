@@ -8,17 +8,15 @@ from __future__ import annotations
 import pytest
 
 from harness.adapters import ADAPTERS
-from tests.harnesses.conftest import COST_CAP, GOLD, MAX_TURNS, TURN_CAP, harness_run
+from tests.harnesses.conftest import CASES, COST_CAP, GOLD, MAX_TURNS, TURN_CAP
 from tests.harnesses.egress_trace import parse
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]  # the first test of each harness builds its images and runs it
-HARNESSES = ["mini-swe-agent", "claude-code", "codex", "opencode"]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3000)]  # the first test of each harness builds its images and runs it
 
 
-@pytest.fixture(scope="module", params=HARNESSES)
-def run(request, instance_images, tmp_path_factory, database_url, valkey_url, moto_endpoint):
-    return harness_run(request.param, tmp_path_factory.mktemp(request.param), database_url, valkey_url,
-                       moto_endpoint)
+@pytest.fixture(scope="module", params=list(CASES))
+def run(request, harness_runs):
+    return harness_runs(request.param)
 
 
 def test_the_gold_patch_comes_back_and_resolves(run):
