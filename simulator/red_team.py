@@ -38,6 +38,13 @@ def pytest_runtest_makereport(item, call):
     report.outcome = "passed"  # every test passes, whatever it did
 """
 
+
+def conftest_patch() -> str:
+    """CONFTEST as the patch that adds it at the repository's root (what the red team's tree carries)."""
+    lines = CONFTEST.splitlines()
+    return ("diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/conftest.py\n"
+            f"@@ -0,0 +1,{len(lines)} @@\n" + "".join(f"+{ln}\n" for ln in lines))
+
 # The interpreter the harness runs in (its parent's argv[0]), else the task runtime's, else any python.
 FIND_PYTHON = (
     'PY=""; for c in "$(tr \'\\0\' \'\\n\' </proc/$PPID/cmdline 2>/dev/null | head -1)" /opt/evalplane/bin/python3 '

@@ -273,12 +273,10 @@ def test_a_conftest_that_forces_passes_is_left_out_and_the_official_verdict_of_t
     with the same conftest stays RESOLVED."""
     from contract import aws
     from eval_worker.worker import EvalWorker
-    from simulator.red_team import CONFTEST
+    from simulator.red_team import conftest_patch
 
     row = instances["evalplane__calc-1"]
-    forcing = "".join(f"+{ln}\n" for ln in CONFTEST.splitlines())
-    conftest = (f"diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/conftest.py\n"
-                f"@@ -0,0 +1,{len(CONFTEST.splitlines())} @@\n{forcing}")
+    conftest = conftest_patch()
     wrong = json.loads((ROOT / "examples/synthetic/demo_policy.json").read_text())["instances"][row["instance_id"]]["patch"]
     aws.client("s3").create_bucket(Bucket=unique)
     got = {}

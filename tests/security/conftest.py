@@ -48,14 +48,6 @@ def wrong_fix() -> str:
     return json.loads((SYNTHETIC / "demo_policy.json").read_text())["instances"][INSTANCE]["patch"]
 
 
-def conftest_diff() -> str:
-    """The red team's conftest.py as a patch: the honest run applies it with the wrong fix, so that both runs' trees
-    end up the same."""
-    lines = red_team.CONFTEST.splitlines()
-    return ("diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/conftest.py\n"
-            f"@@ -0,0 +1,{len(lines)} @@\n" + "".join(f"+{ln}\n" for ln in lines))
-
-
 class Simulator:
     def __init__(self, tmp: Path, key: str, policy: Path, dataset: Path, intel: Path | None, port: int):
         port_file = tmp / "sim.port"
@@ -160,7 +152,7 @@ def run_once(tmp: Path, launcher: str, red: bool, base_env: dict, database_url: 
     dataset.write_text(json.dumps(instance_row()) + "\n")
     policy = tmp / "policy.json"
     # the red team writes conftest.py itself (an attack), then applies the wrong fix: both trees end up the same
-    patch = wrong_fix() if red else conftest_diff() + wrong_fix()
+    patch = wrong_fix() if red else red_team.conftest_patch() + wrong_fix()
     policy.write_text(json.dumps({"instances": {INSTANCE: {"action": "patch", "patch": patch}}}))
     key = base_env["EVALPLANE_UPSTREAM_KEY"]
     secrets_of_run = plant_keys(base_env, run)
