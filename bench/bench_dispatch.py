@@ -96,8 +96,9 @@ def landing_ratio(sample: int, batches: int) -> dict[str, float]:
     matters when the writers are behind, and then the queue holds a full batch) vs raw COPY rows/s of the same rows
     into the same tables (values prepared beforehand: ledger rows into calls, attempt rows with every column the
     writer fills into attempts, their harness phase rows into phases, foreign keys checked), same PostgreSQL, side by
-    side in five interleaved rounds after an untimed warm-up round, each side in a database of its own (the same schema, the tables empty at the
-    start: the run's 200,000 ledger rows would make the writer's indexes the larger). The bodies are the run's mix.
+    side in five interleaved rounds after an untimed warm-up round, each side in a database of its own (the same
+    schema, the tables empty at the start: the run's 200,000 ledger rows would make the writer's indexes the larger).
+    The bodies are the run's mix.
     Beside it, the bench's earlier baseline (raw COPY into copies of the tables without their foreign keys, attempt
     rows of 8 columns, no phase rows), and the CPU seconds each side cost (this process and its PostgreSQL backend),
     which a loaded machine stretches less than wall time."""

@@ -6,7 +6,8 @@ job.artifacts_prefix + "eval/", send Envelope(msg=verdict) to job.verdict_queue_
 (contract.signing: the writer lands no verdict without it), and only then delete the eval message.
 Every verdict carries the patch's tamper flags (eval_worker.tamper); the files of the rules that decide which code
 pytest runs first (conftest.py, pytest config, plugin registrations) are left out of the graded patch, and the
-verdict's reason names them. A crash anywhere before the delete leaves the message to reappear; grading is idempotent and the results writer upserts on (run, instance_id, attempt).
+verdict's reason names them. A crash anywhere before the delete leaves the message to reappear; grading is
+idempotent and the results writer upserts on (run, instance_id, attempt).
 
 Poison messages (not an EvalJob, or an empty patch, which the writer never enqueues) are logged and
 deleted without a verdict. A patch that cannot be fetched gives an INFRA_ERROR verdict.
@@ -168,10 +169,9 @@ class EvalWorker:
             log.warning("%s: tamper flags %s", job.ref.slug, "; ".join(f"{f.rule}: {', '.join(f.files)}" for f in flags))
         graded, left_out = graded_patch(patch, flags)
         if not graded.strip():  # nothing but files grading leaves out: the untouched base, which fails FAIL_TO_PASS
-            now = utcnow()
             return Verdict(ref=job.ref, outcome=EvalOutcome.UNRESOLVED, resolved=False, report=NOTHING_GRADED,
                            reason=f"nothing graded: the patch changes only {', '.join(left_out)}", started_at=started,
-                           ended_at=now, tamper_flags=flags)
+                           ended_at=utcnow(), tamper_flags=flags)
         verdict = grade(job, graded, self.logs_root, self.backend)
         if left_out:
             verdict = verdict.model_copy(update={"reason": "; ".join(
