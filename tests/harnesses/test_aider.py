@@ -38,8 +38,10 @@ def test_aider_wrote_nothing_of_its_own_and_its_trajectory_is_its_model_log(run)
         assert a["patch_bytes"] > 0, iid
         traj = run.trajectories[iid]
         assert traj["harness"] == "aider" and "SYSTEM" in traj["llm_history"], iid
-    calls = run.calls[TURN_CAP]  # look, the patch, the stale hunk again, then the refused fourth call
-    assert [c["outcome"] for c in calls if c["outcome"] != "ok"] == ["max_turns_exceeded"], calls
+    # look, the patch, the stale hunk again, then the refused fourth call; Aider retries an error it does not know
+    # (LiteLLM's APIError for a 403) until the task runner, polling the shim, ends it: each retry is refused too
+    outcomes = [c["outcome"] for c in run.calls[TURN_CAP]]
+    assert outcomes[:3] == ["ok"] * 3 and outcomes[3:] and set(outcomes[3:]) == {"max_turns_exceeded"}, outcomes
 
 
 # ---------------------------------------------------------------------------------------------- without containers
