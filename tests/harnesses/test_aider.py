@@ -40,8 +40,9 @@ def test_aider_wrote_nothing_of_its_own_and_its_trajectory_is_its_model_log(run)
         assert traj["harness"] == "aider" and "SYSTEM" in traj["llm_history"], iid
     # look, the patch, the stale hunk again, then the refused fourth call; Aider retries an error it does not know
     # (LiteLLM's APIError for a 403) until the task runner, polling the shim, ends it: each retry is refused too
+    cap = run.case.max_turns
     outcomes = [c["outcome"] for c in run.calls[TURN_CAP]]
-    assert outcomes[:3] == ["ok"] * 3 and outcomes[3:] and set(outcomes[3:]) == {"max_turns_exceeded"}, outcomes
+    assert outcomes[:cap] == ["ok"] * cap and outcomes[cap:] and set(outcomes[cap:]) == {"max_turns_exceeded"}, outcomes
 
 
 # ---------------------------------------------------------------------------------------------- without containers
