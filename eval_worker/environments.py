@@ -9,7 +9,7 @@ carries its own as `environments.toml` (examples/synthetic/repos/environments.to
 The same recipe builds both places an eval script runs: the SWE-bench-shaped instance images
 (eval_worker.images, with bullseye's Python) and the process backend's environments (ProcessEnvironment:
 a venv from a host interpreter the specifier admits, never the worker's own, made once per recipe under
-the state dir in the official conda layout, locked while a grading uses it). Both install from a
+the state dir in the official conda layout, each grading working in a copy of its own). Both install from a
 wheelhouse downloaded on the host, and both keep pip offline on it.
 """
 
@@ -284,17 +284,17 @@ class ProcessEnvironment:
     def marker(self) -> Path:
         return self.path / ".complete"
 
-    def acquire(self):
-        """Lock the environment for one grading (its `pip install -e .` mutates it); build or repair it first.
-        Returns the lock: close it to release."""
-        lock = _lock(self.path.with_name(self.path.name + ".lock"))
-        try:
+    def checkout(self, dest: Path, owner: tuple[int, int]) -> None:
+        """A private copy of the environment at `dest` for one grading (its `pip install -e .` changes it; the
+        model's code runs in it): built or repaired first, under the environment's lock. Files are hard links to
+        the built environment's, which stay root's and read-only to `owner`; folders are `owner`'s, so the grading
+        can add, replace and remove files in its copy and never in the built environment."""
+        with _lock(self.path.with_name(self.path.name + ".lock")):
             if not self.intact():
                 self.build()
-        except BaseException:
-            lock.close()
-            raise
-        return lock
+            shutil.copytree(self.path, dest, symlinks=True, copy_function=_link_or_copy)
+        for d, _, _ in os.walk(dest):
+            os.chown(d, *owner)
 
     def intact(self) -> bool:
         if not self.marker.is_file():
@@ -323,6 +323,13 @@ class ProcessEnvironment:
             "recipe": self.recipe.model_dump(), "python": self.python, "python_version": self.python_version,
             "installed": installed_set(self.venv)}, indent=1) + "\n")
         log.info("built environment %s (%s, Python %s)", self.path, self.recipe.repo, self.python_version)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another filesystem
+        shutil.copy2(src, dst)
 
 
 def isolated_pip_env(wheels: Path) -> dict[str, str]:

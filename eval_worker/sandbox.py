@@ -6,15 +6,25 @@ env `testbed` is under /opt/miniconda3, and commands run with /testbed as the wo
 backend maps that onto something real. `ProcessBackend` maps it onto a per-sandbox directory on this
 machine (no Docker): the repository is cloned from the job's repo_source (a git bundle or repository
 path) into <sandbox>/testbed, commands run as local processes with their own HOME, TMPDIR and
-GIT_CONFIG_GLOBAL, and /opt/miniconda3 is the instance's (repo, version) environment built from its
-recipe (eval_worker.environments), never the worker's own Python. The docker backend
+GIT_CONFIG_GLOBAL, and /opt/miniconda3 is a private copy of the instance's (repo, version) environment built
+from its recipe (eval_worker.environments), never the worker's own Python. The docker backend
 (eval_worker.docker_backend) does not use this seam: it runs the official run_instance itself.
 
-An instance without a recipe runs with the worker's Python on PATH only if its eval script installs
-nothing; one that installs packages is refused (SandboxError, reason environment_unavailable).
+Every command runs confined, since the eval script runs the model's code (the tests import the patched package):
+bubblewrap (Debian's `bubblewrap`) gives it mount, PID, network, IPC and UTS namespaces of its own, and setpriv drops
+it to `evalplane-grader` (not the agent's user, not the worker's) with no capabilities and no_new_privs. It sees
+the system's programs and /etc read-only, its sandbox folder and its environment copy (the only places it can
+write, with a private /tmp), the interpreter its environment was made from read-only, and nothing of the state
+folder, the project or any other process; its network is loopback only. The worker (root, which bubblewrap needs
+to mount what the grader itself could not open) never holds the verdict key where the grading can reach it.
+
+An instance without a recipe runs with the worker's Python on PATH (its virtualenv and interpreter, read-only)
+only if its eval script installs nothing; one that installs packages is refused (SandboxError, reason
+environment_unavailable).
 
 Limitation of the process backend: container paths are rewritten in command text (outside heredoc
-bodies, so patches carried by the eval script are never touched); isolation is only a directory.
+bodies, so patches carried by the eval script are never touched); the environment is rebuilt from a recipe, not
+the instance image's.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from contract import system_user
 from eval_worker.environments import (
     RECIPES_FILE,
     GradingEnvironmentError,
@@ -93,33 +104,104 @@ class GradingBackend(Protocol):
 # ------------------------------------------------------------------------------ process backend
 
 
+GRADER_USER = "evalplane-grader"
+SYSTEM_RO = ("/usr", "/etc")  # programs, libraries and configuration, read-only as they are
+MERGED_USR = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")  # links into /usr on merged-/usr systems
+
+
+def confinement_problem() -> str | None:
+    """Why commands cannot be confined here; None when they can."""
+    if os.geteuid() != 0:
+        return (f"the process grading backend runs the eval script as {GRADER_USER} in namespaces of its own, which "
+                f"needs root (this runs as uid {os.geteuid()}); use eval.backend = \"docker\"")
+    for tool, package in (("bwrap", "bubblewrap"), ("setpriv", "util-linux")):
+        if shutil.which(tool) is None:
+            return f"the process grading backend needs {tool} (Debian's {package}; scripts/bootstrap.sh installs it)"
+    return None
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """What a confined command sees (see the module's docstring): `writable` folders (destination -> source) and
+    `readable` ones, each at its own path; everything else of this machine but the system's programs is absent."""
+
+    uid: int
+    gid: int
+    writable: dict[str, str]
+    readable: tuple[str, ...] = ()
+
+    def argv(self, command: list[str], cwd: Path) -> list[str]:
+        mounts: list[str] = []
+        for d in SYSTEM_RO:
+            mounts += ["--ro-bind", d, d]
+        for d in MERGED_USR:
+            if os.path.islink(d):
+                mounts += ["--symlink", os.readlink(d), d]
+            elif os.path.isdir(d):
+                mounts += ["--ro-bind", d, d]
+        mounts += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
+        binds = [(dest, src, "--bind") for dest, src in self.writable.items()]
+        binds += [(p, p, "--ro-bind") for p in self.readable if not _under(p, SYSTEM_RO + MERGED_USR)]
+        binds.sort(key=lambda b: b[0].count("/"))
+        made = {"/", "/tmp", *SYSTEM_RO, *MERGED_USR}
+        for dest, src, how in binds:
+            # the folders above a mount point: open to the grader, whatever they are on the host (a 0700 checkout)
+            for parent in reversed(Path(dest).parents):
+                if str(parent) not in made and not _under(str(parent), [b[0] for b in binds if b[0] != dest]):
+                    mounts += ["--perms", "0755", "--dir", str(parent)]
+                    made.add(str(parent))
+            mounts += [how, src, dest]
+        drop = [shutil.which("setpriv") or "/usr/bin/setpriv", f"--reuid={self.uid}", f"--regid={self.gid}",
+                "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+        return [shutil.which("bwrap") or "/usr/bin/bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+                "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session", *mounts,
+                "--chdir", str(cwd), "--", *drop, *command]
+
+
+def _under(path: str, tops) -> bool:
+    return any(path == t or path.startswith(t.rstrip("/") + "/") for t in tops)
+
+
 class ProcessSandbox:
-    def __init__(self, root: Path, environment: ProcessEnvironment | None = None, lock=None, keep: bool = False):
+    """A sandbox folder (root's) holding the checkout, the grader's home and temporary folder, its copy of the
+    environment, and the files the grading puts in (the patch, the eval script: root's, read-only to the grader)."""
+
+    def __init__(self, root: Path, grader: tuple[int, int], environment: ProcessEnvironment | None = None,
+                 keep: bool = False):
         self.root = root
         self.keep = keep  # close() keeps the directory (debugging)
         self.testbed = root / "testbed"
         self.home = root / "home"
         self.tmp = root / "tmp"
-        self.gitconfig = root / "gitconfig"
+        self.gitconfig = self.home / ".gitconfig"  # git writes a lock file beside it: in a folder of the grader's
         self.environment = environment
-        self._lock = lock  # the environment's, held until close()
+        self.grader = grader
+        os.chmod(root, 0o755)
         for d in (self.home, self.tmp):
             d.mkdir(parents=True, exist_ok=True)
+            os.chown(d, *grader)
         self.gitconfig.touch()
+        os.chown(self.gitconfig, *grader)
         self.mapping = {
             CONTAINER_WORKDIR: str(self.testbed),
-            "/tmp/patch.diff": str(self.tmp / "patch.diff"),
+            "/tmp/patch.diff": str(root / "patch.diff"),
             "/eval.sh": str(root / "eval.sh"),
         }
+        writable = {str(root): str(root)}  # what in it is root's (this folder, the patch, the script) stays read-only
         if environment is not None:
             # as in an instance image: conda's bin on PATH, `conda activate testbed` for the rest; pip only
             # from the environment's wheelhouse, whatever this machine's pip configuration says
             self.mapping[CONTAINER_CONDA_ROOT] = str(environment.conda_root)
             path = os.pathsep.join([str(environment.conda_root / "bin"), system_path()])
             pip = {k: v for k, v in isolated_pip_env(environment.wheels).items() if k.startswith("PIP_")}
+            writable[str(environment.path)] = str(root / "environment")  # the grading's copy, where it was built
+            readable = [str(Path(environment.python).resolve().parents[1]), str(environment.wheels)]
         else:
             path = str(Path(sys.executable).parent) + os.pathsep + system_path()
             pip = {}
+            readable = [sys.prefix, sys.base_prefix]
+        self.confinement = Confinement(*grader, writable=writable, readable=tuple(
+            readable + [d for d in system_path().split(os.pathsep) if os.path.isdir(d)]))
         self.env = {
             "PATH": path,
             "HOME": str(self.home),
@@ -142,41 +224,43 @@ class ProcessSandbox:
 
     def put_file(self, container_path: str, content: str) -> None:
         p = self.host_path(container_path)
+        if p.parent != self.root:  # only into the sandbox's own folder, which the grader cannot change
+            raise SandboxError(f"put_file: {container_path!r} maps into a folder the grading writes")
         if container_path.endswith(".sh"):  # a script: its container paths must point into the sandbox
             content = map_container_paths(content, self.mapping)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(content)
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(content)
+        os.chmod(p, 0o644)
 
     def exec(self, cmd: str, timeout: float | None = None, cwd: Path | None = None) -> ExecResult:
         cmd = map_container_paths(cmd, self.mapping)
-        out_path = Path(tempfile.mkstemp(prefix="exec-", suffix=".out", dir=self.root)[1])
         start = time.monotonic()
         timed_out = False
         try:
-            with open(out_path, "wb") as out:
+            # the output never passes through a file the grading could swap for a link
+            with tempfile.TemporaryFile() as out:
                 proc = subprocess.Popen(
-                    ["/bin/bash", "-c", cmd],
-                    cwd=str(cwd or self.testbed),
+                    self.confinement.argv(["/bin/bash", "-c", cmd], cwd or self.testbed),
                     env=self.env,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,  # merged, in order, like docker exec
                     start_new_session=True,  # own session and process group
                 )
-            pgid = proc.pid
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(pgid, proc)
-            else:
-                # the command is done; nothing it started may outlive it
-                _kill_group(pgid, None, grace=0)
-            output = out_path.read_bytes().decode(errors="replace")
+                pgid = proc.pid
+                try:
+                    proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    _kill_group(pgid, proc)
+                else:
+                    # the command is done; nothing it started may outlive it
+                    _kill_group(pgid, None, grace=0)
+                out.seek(0)
+                output = out.read().decode(errors="replace")
         except OSError as e:
             raise SandboxError(f"exec failed: {e}") from e
-        finally:
-            out_path.unlink(missing_ok=True)
         return ExecResult(
             exit_code=None if timed_out else proc.returncode,
             output=output,
@@ -188,15 +272,8 @@ class ProcessSandbox:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self.release()
             if not self.keep:
                 shutil.rmtree(self.root, ignore_errors=True)
-
-    def release(self) -> None:
-        """Let other gradings use the environment (idempotent)."""
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
 
 
 CONTAINER_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
@@ -297,18 +374,26 @@ class ProcessBackend:
             if not Path(src).exists():
                 raise SandboxError(f"repo_source does not exist: {src}")
             src = str(Path(src).resolve())
+        problem = confinement_problem()
+        if problem:
+            raise SandboxError(problem)
+        try:
+            grader = system_user.ensure(GRADER_USER)
+        except system_user.SystemUserError as e:
+            raise SandboxError(str(e)) from None
+        owner = (grader.pw_uid, grader.pw_gid)
         environment = self.environment(instance, repo_source)
         if self.root:
             self.root.mkdir(parents=True, exist_ok=True)
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", iid)
         root = Path(tempfile.mkdtemp(prefix=f"ep-sandbox-{safe}-", dir=self.root))
+        sb = ProcessSandbox(root, owner, environment, keep=self.keep)
         try:
-            lock = environment.acquire() if environment is not None else None
-        except GradingEnvironmentError as e:
-            shutil.rmtree(root, ignore_errors=True)
-            raise SandboxError(f"{iid}: {e}", reason="environment_unavailable") from e
-        sb = ProcessSandbox(root, environment, lock, keep=self.keep)
-        try:
+            if environment is not None:
+                try:
+                    environment.checkout(root / "environment", owner)
+                except GradingEnvironmentError as e:
+                    raise SandboxError(f"{iid}: {e}", reason="environment_unavailable") from e
             for args in (
                 ["git", "clone", "-q", "--no-hardlinks", src, str(sb.testbed)],
                 ["git", "-c", "advice.detachedHead=false", "checkout", "-q", base_commit],
@@ -319,6 +404,9 @@ class ProcessBackend:
                 )
                 if r.returncode != 0:
                     raise SandboxError(f"{' '.join(args[:3])} failed ({r.returncode}): {r.stderr.strip()}")
+            for d, dirs, files in os.walk(sb.testbed):  # the grading's from here on
+                for name in [d, *(os.path.join(d, n) for n in dirs + files)]:
+                    os.lchown(name, *owner)
             if environment is not None and not installs_packages(instance["eval_script"]):
                 # what an instance image's build did: the repository installed into testbed (an eval script
                 # that reinstalls it would only repeat this)

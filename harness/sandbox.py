@@ -101,7 +101,7 @@ def agent_user(create: bool = False) -> Agent:
         return Agent(AGENT_USER, pw.pw_uid, pw.pw_gid)
     except KeyError:
         if not create:
-            raise SandboxError(f"no user {AGENT_USER} on this host: run scripts/agent-user.sh as root") from None
+            raise SandboxError(f"no user {AGENT_USER} on this host: run scripts/system-user.sh {AGENT_USER} as root") from None
     # The instance image may lack useradd (or differ in its flags): one line in each database does it.
     with open("/etc/group", "a") as f:
         f.write(f"{AGENT_USER}:x:{AGENT_UID}:\n")

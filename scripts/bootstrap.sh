@@ -8,6 +8,7 @@ need_apt=()
 command -v git >/dev/null || need_apt+=(git)
 command -v python3 >/dev/null || need_apt+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+command -v bwrap >/dev/null || need_apt+=(bubblewrap)  # the process grading backend confines the eval script with it
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: installing ${need_apt[*]} with apt" >&2
   . scripts/lib/apt.sh

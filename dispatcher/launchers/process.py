@@ -1,7 +1,7 @@
 """A local subprocess per task: `python -m harness <job-uri>` in its own session (process group).
 
 The task runner runs as this process's user, which must be root unless the spec opted out (backend.isolate_agent =
-false): it starts the harness as the agent user (harness/sandbox.py), a system user scripts/agent-user.sh creates.
+false): it starts the harness as the agent user (harness/sandbox.py), a system user scripts/system-user.sh creates.
 """
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from contract import system_user
 from contract.models import AttemptRef
 from dispatcher.launchers.base import AttemptEnv, LaunchMeter, TaskHandle, no_attempt_env
 from harness import sandbox
-
-AGENT_USER_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "agent-user.sh"
 
 
 def agent_isolation_problem(spec) -> str | None:
@@ -33,14 +32,12 @@ def agent_isolation_problem(spec) -> str | None:
 
 
 def ensure_agent_user() -> sandbox.Agent:
-    """The agent's system user, created with scripts/agent-user.sh if missing (root only)."""
+    """The agent's system user, created with scripts/system-user.sh if missing (root only)."""
     try:
-        return sandbox.agent_user()
-    except sandbox.SandboxError:
-        p = subprocess.run([str(AGENT_USER_SCRIPT)], capture_output=True, text=True)
-        if p.returncode != 0:
-            raise sandbox.SandboxError(f"{AGENT_USER_SCRIPT} failed: {p.stderr.strip()}") from None
-        return sandbox.agent_user()
+        system_user.ensure(sandbox.AGENT_USER)
+    except system_user.SystemUserError as e:
+        raise sandbox.SandboxError(str(e)) from None
+    return sandbox.agent_user()
 
 
 class ProcessLauncher:

@@ -9,8 +9,6 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -142,10 +140,10 @@ def test_instance_without_recipe_and_without_installs_runs(instances, tmp_path):
     assert worker_freeze() == before
 
 
-# ------------------------------------------------------------------- built once, locked, repaired
+# ------------------------------------------------------------------- built once, copied per grading, repaired
 
 
-def test_environment_is_built_once_locked_while_used_and_repaired(instances, tmp_path):
+def test_environment_is_built_once_each_grading_has_its_own_copy_and_repaired(instances, tmp_path):
     one, two = instances["evalplane__calc-1"], instances["evalplane__calc-2"]
     assert (one["repo"], one["version"]) == (two["repo"], two["version"])
     backend = ProcessBackend(root=tmp_path / "sandboxes", env_root=tmp_path / "envs")
@@ -155,28 +153,30 @@ def test_environment_is_built_once_locked_while_used_and_repaired(instances, tmp
     built_at = (env.path / ".complete").stat().st_mtime_ns
     assert not Path(env.python).resolve().is_relative_to(Path(sys.prefix).resolve())
 
-    second: dict = {}
+    # a second grading of the same (repo, version) runs beside the first, on the same built environment
+    second = ProcessBackend(root=tmp_path / "sandboxes", env_root=tmp_path / "envs").create(
+        instance=two, repo_source=bundle_for(two))
+    try:
+        assert second.environment.path == env.path
+        assert (env.path / ".complete").stat().st_mtime_ns == built_at  # reused, not rebuilt
 
-    def create_second():
-        second["sandbox"] = ProcessBackend(root=tmp_path / "sandboxes", env_root=tmp_path / "envs").create(
-            instance=two, repo_source=bundle_for(two))
-        second["at"] = time.monotonic()
+        # what a grading does to its environment stays in its copy: a package removed there ...
+        r = second.exec(f"{ACTIVATE} && python -m pip uninstall -y -q iniconfig")
+        assert r.exit_code == 0, r.output
+        assert second.exec(f"{ACTIVATE} && python -c 'import iniconfig'").exit_code != 0
+        # ... is still in the other grading's and in the built one, and the built one's files cannot be written
+        assert first.exec(f"{ACTIVATE} && python -c 'import iniconfig'").exit_code == 0
+        r = first.exec(f"{ACTIVATE} && python -c 'import pytest, os; open(pytest.__file__, \"a\").write(\"#\")'")
+        assert r.exit_code != 0 and "PermissionError" in r.output, r.output
+        assert env.intact()
+    finally:
+        first.close()
+        second.close()
 
-    t = threading.Thread(target=create_second)
-    t.start()
-    time.sleep(2.0)
-    assert "sandbox" not in second  # the environment is in use: the second grading waits
-    released = time.monotonic()
-    first.close()
-    t.join(timeout=120)
-    sb = second["sandbox"]
-    assert second["at"] >= released and sb.environment.path == env.path
-    assert (env.path / ".complete").stat().st_mtime_ns == built_at  # reused, not rebuilt
-
-    # a grading that changes the installed set (here: removes a package) leaves it to be rebuilt
-    r = sb.exec(f"{ACTIVATE} && python -m pip uninstall -y -q iniconfig")
-    assert r.exit_code == 0, r.output
-    sb.close()
+    # a built environment changed from outside (here: a package removed) is rebuilt before the next grading
+    shutil.rmtree(next(env.venv.glob("lib/python*/site-packages/iniconfig")))
+    for d in env.venv.glob("lib/python*/site-packages/iniconfig-*.dist-info"):
+        shutil.rmtree(d)
     assert not env.intact()
     third = backend.create(instance=two, repo_source=bundle_for(two))
     try:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -172,41 +174,61 @@ def test_empty_patch_is_refused(instances, tmp_path):
     assert not (tmp_path / "logs").exists()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+def _pids_with(token: str) -> set[int]:
+    """Live processes of this host whose command line holds token (seen from outside the grading's namespaces)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if token.encode() in f.read():
+                        found.add(int(entry))
+            except OSError:
+                pass
+    return found
 
 
 def test_endless_test_times_out_and_group_is_killed(instances, tmp_path):
     row = instances["evalplane__calc-1"]
-    pid_file = tmp_path / "loop.pid"
+    token = f"evalplane-loop-{os.urandom(6).hex()}"
+    # the patched code loops, and so does a process it starts (the grading cannot write outside its sandbox, so the
+    # test finds both by the token in their command lines)
     patch = patch_from_edits(row, [(
         "calc/stats.py",
         "    mid = len(ordered) // 2\n",
-        "    import os, time\n"
-        f"    with open({str(pid_file)!r}, 'w') as f:\n"
-        "        f.write(str(os.getpid()))\n"
+        "    import subprocess, sys, time\n"
+        f"    subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True: time.sleep(0.05)', {token!r}])\n"
         "    while True:\n"
         "        time.sleep(0.05)\n"
         "    mid = len(ordered) // 2\n",
     )], tmp_path)
+    seen: set[int] = set()
+    done = threading.Event()
+
+    def watch():
+        while not done.wait(0.1):
+            seen.update(_pids_with(token))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     t0 = time.monotonic()
     # long enough for the eval script's `pip install -e .` to finish and the tests to start looping
-    v = grade(make_job(row, run="loop", timeout_s=20), patch, tmp_path / "logs-root")
+    try:
+        v = grade(make_job(row, run="loop", timeout_s=20), patch, tmp_path / "logs-root")
+    finally:
+        done.set()
+        watcher.join()
     assert time.monotonic() - t0 < 60
     assert v.outcome is EvalOutcome.TIMEOUT and not v.resolved
     d = instance_log_dir(tmp_path / "logs-root", "loop", 1, "evalplane/demo-model", row["instance_id"])
     out = (d / "test_output.txt").read_text()
     assert out.endswith("\n\nTimeout error: 20 seconds exceeded.")
     assert not (d / "report.json").exists()  # official: a timeout has no report.json
-    pid = int(pid_file.read_text())
+    assert seen, "the looping process never ran"
     deadline = time.monotonic() + 5
-    while _alive(pid) and time.monotonic() < deadline:
+    while _pids_with(token) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(pid), "the looping pytest process survived the timeout"
+    assert not _pids_with(token), "a process the looping test started survived the timeout"
 
 
 def test_clone_failure_is_infra_error(instances, tmp_path):
