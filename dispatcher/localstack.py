@@ -2,7 +2,8 @@
 
 PostgreSQL and Valkey are installed and started by scripts/stack.sh when nothing answers; here we only
 check them and start moto (which the dispatcher owns locally) as a daemon under the state folder, so
-that it outlives one dispatcher process and a `resume` finds the run's queues and job documents.
+that it outlives one dispatcher process and a `resume` finds the run's queues and job documents. The package
+index that docker gradings reach (eval_worker.package_index) is a daemon of the same kind.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from dispatcher.instances import PROJECT_ROOT
 
 MOTO_PORT = int(os.environ.get("EVALPLANE_MOTO_PORT", "4599"))
+INDEX_PORT = int(os.environ.get("EVALPLANE_INDEX_PORT", "4597"))
 LOCAL_AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "local",
     "AWS_SECRET_ACCESS_KEY": "local",
@@ -50,6 +52,29 @@ def _serves_s3(endpoint: str) -> bool:
         return False
 
 
+def _daemon(name: str, argv: list[str], host: str, port: int, serves) -> None:
+    """argv as a daemon of this checkout's (pid file and log <name>.pid/.log in the state folder) answering on
+    host:port, unless one that serves() already does; one that answers but does not serve is restarted when it is
+    ours (e.g. left by a checkout since deleted, whose imports fail), else refused."""
+    if _answers(host, port) and not serves():
+        stop(name)
+        deadline = time.monotonic() + 10
+        while _answers(host, port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _answers(host, port):
+            raise RuntimeError(f"port {port} answers, but not as the {name} server, and it is not this checkout's "
+                               f"({state_dir() / (name + '.pid')}): stop it, or set another port")
+    if not _answers(host, port):
+        log = open(state_dir() / f"{name}.log", "ab")
+        proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+        (state_dir() / f"{name}.pid").write_text(str(proc.pid))
+        deadline = time.monotonic() + 30
+        while not _answers(host, port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the {name} server did not start; see {state_dir() / (name + '.log')}")
+            time.sleep(0.1)
+
+
 def ensure_moto() -> str:
     """Return the S3/SQS endpoint: $AWS_ENDPOINT_URL if set, else a moto server daemon on loopback."""
     for k, v in LOCAL_AWS_ENV.items():
@@ -57,29 +82,33 @@ def ensure_moto() -> str:
     if os.environ.get("AWS_ENDPOINT_URL"):
         return os.environ["AWS_ENDPOINT_URL"]
     endpoint = f"http://127.0.0.1:{MOTO_PORT}"
-    if _answers("127.0.0.1", MOTO_PORT) and not _serves_s3(endpoint):
-        # e.g. a server left by a checkout since deleted: its imports fail and every call answers 500
-        stop_moto()  # ours (its pid file in the state folder): start it afresh
-        deadline = time.monotonic() + 10
-        while _answers("127.0.0.1", MOTO_PORT) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if _answers("127.0.0.1", MOTO_PORT):
-            raise RuntimeError(f"port {MOTO_PORT} answers, but not as an S3/SQS server, and it is not this "
-                               f"checkout's moto ({state_dir() / 'moto.pid'}): stop it, or set EVALPLANE_MOTO_PORT")
-    if not _answers("127.0.0.1", MOTO_PORT):
-        log = open(state_dir() / "moto.log", "ab")
-        proc = subprocess.Popen(  # moto's server with its SQS message-loss race fixed (dispatcher.moto_server)
-            [sys.executable, "-m", "dispatcher.moto_server", "-H", "127.0.0.1", "-p", str(MOTO_PORT)],
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
-        )
-        (state_dir() / "moto.pid").write_text(str(proc.pid))
-        deadline = time.monotonic() + 20
-        while not _answers("127.0.0.1", MOTO_PORT):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"moto server did not start; see {state_dir() / 'moto.log'}")
-            time.sleep(0.1)
+    # moto's server with its SQS message-loss race fixed (dispatcher.moto_server)
+    _daemon("moto", [sys.executable, "-m", "dispatcher.moto_server", "-H", "127.0.0.1", "-p", str(MOTO_PORT)],
+            "127.0.0.1", MOTO_PORT, lambda: _serves_s3(endpoint))
     os.environ["AWS_ENDPOINT_URL"] = endpoint
     return endpoint
+
+
+def ensure_package_index() -> str:
+    """The package index grading containers may reach (eval_worker.package_index): $EVALPLANE_PACKAGE_INDEX if set,
+    else the project's proxy as a daemon on the Docker bridge's gateway address, where only containers on the default
+    bridge (the grading network's egress) and this host reach it; its cache under the state folder."""
+    from eval_worker import package_index
+
+    if os.environ.get(package_index.PACKAGE_INDEX_ENV):
+        return os.environ[package_index.PACKAGE_INDEX_ENV]
+    import docker
+
+    from dispatcher.launchers.egress import bridge_gateway
+
+    host = bridge_gateway(docker.from_env())
+    url = package_index.url_for(host, INDEX_PORT)
+    cache = state_dir() / "package-index"
+    cache.mkdir(exist_ok=True)
+    _daemon("package-index", [sys.executable, "-m", "eval_worker.package_index", "--host", host, "--port",
+                              str(INDEX_PORT), "--cache-dir", str(cache)], host, INDEX_PORT,
+            lambda: package_index.available(url))
+    return url
 
 
 def aws_env() -> dict[str, str]:
@@ -87,8 +116,9 @@ def aws_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k in LOCAL_AWS_ENV or k.startswith("AWS_ENDPOINT_URL")}
 
 
-def stop_moto() -> bool:
-    pidfile = state_dir() / "moto.pid"
+def stop(name: str) -> bool:
+    """Stop this checkout's daemon `name` (moto, package-index), if it runs."""
+    pidfile = state_dir() / f"{name}.pid"
     if not pidfile.exists():
         return False
     try:
@@ -97,3 +127,7 @@ def stop_moto() -> bool:
         pass
     pidfile.unlink(missing_ok=True)
     return True
+
+
+def stop_moto() -> bool:
+    return stop("moto")

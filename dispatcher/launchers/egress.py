@@ -5,7 +5,9 @@
 
 * The network is `internal`: Docker gives it no route out. Docker still gives the host an address on its
   bridge, through which a container could reach any host port; one iptables rule (INPUT from that bridge:
-  DROP) closes that, so a task can talk only to peers on the network, i.e. the egress forwarders.
+  DROP) closes that, so a task can talk only to peers on the network, i.e. the egress forwarders. With
+  `host_address=False` the bridge gets no address on the host at all (Docker's inhibit_ipv4), which closes the
+  same door without iptables (what an eval worker in a container, with no say over the host's firewall, can do).
 * Endpoints on the host's loopback (moto, Valkey, a local gateway) are not reachable from any container, so
   a host relay (a thread here) listens on the default bridge's gateway address with the same port and
   forwards to loopback. Same port, so a resumed dispatcher recreates the very same relays.
@@ -31,6 +33,7 @@ import docker.errors
 from dispatcher.launchers import forwarder
 
 LABEL = "evalplane.egress"
+INHIBIT_IPV4 = "com.docker.network.bridge.inhibit_ipv4"
 
 
 class EgressError(RuntimeError):
@@ -64,7 +67,7 @@ class Endpoint:
             return False
 
 
-def _bridge_gateway(client: docker.DockerClient) -> str:
+def bridge_gateway(client: docker.DockerClient) -> str:
     cfg = client.networks.get("bridge").attrs["IPAM"]["Config"]
     return cfg[0].get("Gateway") or str(next(ipaddress.ip_network(cfg[0]["Subnet"]).hosts()))
 
@@ -72,8 +75,10 @@ def _bridge_gateway(client: docker.DockerClient) -> str:
 class Egress:
     """The internal network `name`, its egress container and firewall rule, and the host relays."""
 
-    def __init__(self, client: docker.DockerClient, name: str, allowed: list[str], image: str):
+    def __init__(self, client: docker.DockerClient, name: str, allowed: list[str], image: str,
+                 host_address: bool = True):
         self.client = client
+        self.host_address = host_address
         self.name = name
         self.image = image
         self.endpoints = sorted({Endpoint.parse(u) for u in allowed}, key=lambda e: (e.host, e.port))
@@ -90,25 +95,32 @@ class Egress:
 
     # ------------------------------------------------------------------ lifecycle
     def up(self) -> Egress:
-        gateway = _bridge_gateway(self.client)
+        gateway = bridge_gateway(self.client)
         targets = {e: self._host_side(e, gateway) for e in self.endpoints}
         net = self._network()
-        self._firewall("-C", check=False) or self._firewall("-I")
+        if self.host_address:
+            self._firewall("-C", check=False) or self._firewall("-I")
         routes = [f"0.0.0.0:{self.listen[e]}={t.host}:{t.port}" for e, t in targets.items()]
-        self.ip = self._egress_container(net, routes)
+        if routes:
+            self.ip = self._egress_container(net, routes)
+        else:  # nowhere to go: no peer on the network at all
+            self._remove_egress_container()
         return self
 
     def down(self) -> None:
         """Remove the egress container, the firewall rule and the network (the tasks on it must be gone)."""
         self.stop_relays()
-        try:
-            self.client.containers.get(self.egress_name).remove(force=True)
-        except docker.errors.NotFound:
-            pass
-        while self._firewall("-C", check=False):
+        self._remove_egress_container()
+        while self.host_address and self._firewall("-C", check=False):
             self._firewall("-D")
         try:
             self.client.networks.get(self.name).remove()
+        except docker.errors.NotFound:
+            pass
+
+    def _remove_egress_container(self) -> None:
+        try:
+            self.client.containers.get(self.egress_name).remove(force=True)
         except docker.errors.NotFound:
             pass
 
@@ -149,15 +161,18 @@ class Egress:
         return Endpoint(gateway, e.port)
 
     def _network(self):
+        options = {"com.docker.network.bridge.name": self.bridge}
+        if not self.host_address:
+            options[INHIBIT_IPV4] = "true"
         try:
             net = self.client.networks.get(self.name)
         except docker.errors.NotFound:
             net = self.client.networks.create(
-                self.name, driver="bridge", internal=True, labels={LABEL: "network"},
-                options={"com.docker.network.bridge.name": self.bridge},
-            )
+                self.name, driver="bridge", internal=True, labels={LABEL: "network"}, options=options)
         if not net.attrs.get("Internal"):
             raise EgressError(f"network {self.name} exists but is not internal")
+        if not self.host_address and net.attrs.get("Options", {}).get(INHIBIT_IPV4) != "true":
+            raise EgressError(f"network {self.name} exists but gives the host an address on it")
         return net
 
     def _firewall(self, op: str, check: bool = True) -> bool:
