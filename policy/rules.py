@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from pulumi_policy import (
     EnforcementLevel,
@@ -198,7 +199,7 @@ interface_endpoints_private_dns = _resource_policy(
 
 def _validate_required_endpoints(args: StackValidationArgs, report: ReportViolation) -> None:
     eps = [r.props for r in args.resources if r.resource_type == T_ENDPOINT]
-    svc = lambda p: str(p.get("serviceName") or "")  # noqa: E731
+    svc = lambda p: str(p.get("serviceName") or "")
     if not any(svc(p).endswith(".s3") and p.get("vpcEndpointType") == "Gateway" and p.get("routeTableIds") for p in eps):
         report("missing the S3 gateway endpoint on the isolated route tables", None)
     for name in REQUIRED_INTERFACE_ENDPOINTS:

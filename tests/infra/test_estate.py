@@ -7,6 +7,7 @@ import json
 
 import pulumi
 import pytest
+from infra_support import Snapshot
 
 from components import estate
 from components.config import (
@@ -19,7 +20,6 @@ from components.config import (
     usable,
 )
 from components.network import REQUIRED_INTERFACE_ENDPOINTS
-from infra_support import Snapshot
 
 DEFAULTS = ("0.0.0.0/0", "::/0")
 TARGET_TASKS = 20_000

@@ -49,7 +49,7 @@ def test_docs_cover_every_config_key_output_and_policy():
 
 def test_example_stack_config_uses_known_keys():
     text = (ROOT / "Pulumi.dev.yaml").read_text()
-    keys = re.findall(r"^\s+evalplane:(\w+):", text, flags=re.M)
+    keys = re.findall(r"^\s+evalplane:(\w+):", text, flags=re.MULTILINE)
     assert keys and set(keys) <= set(CONFIG_KEYS)
     assert "aws:region:" in text
 
