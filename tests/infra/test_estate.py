@@ -182,6 +182,16 @@ def test_no_public_ip_anywhere(estate_snapshot):
     assert eips == {n.inputs["allocationId"] for n in s.of("aws:ec2/natGateway:NatGateway")}
 
 
+def test_no_container_on_an_ec2_tier_reaches_the_instance_metadata_service(estate_snapshot):
+    """IMDSv2 only, and its token answer dies after one hop: a container (the eval hosts' grading containers, the
+    builders' image builds) is one hop further, so it never gets the instance role's credentials."""
+    lts = {lt.name: lt for lt in estate_snapshot.of("aws:ec2/launchTemplate:LaunchTemplate")}
+    assert set(lts) == {"evalplane-eval-lt", "evalplane-build-lt", "evalplane-head-lt"}
+    for lt in lts.values():
+        assert lt.inputs["metadataOptions"] == {
+            "httpTokens": "required", "httpEndpoint": "enabled", "httpPutResponseHopLimit": 1}, lt.name
+
+
 def test_every_autoscaling_group_has_min_zero(estate_snapshot):
     asgs = estate_snapshot.of("aws:autoscaling/group:Group")
     assert {a.inputs["name"] for a in asgs} == {"evalplane-eval", "evalplane-build"}
