@@ -51,6 +51,7 @@ class EstateConfig:
     litellm_image_tag: str = "main-stable"
     eval_worker_image_tag: str = "eval-worker-latest"
     judge_image_tag: str = "judge-latest"
+    package_index_image_tag: str = "package-index-latest"
     # gateway
     gateway_replicas: int = 2
     gateway_cpu: int = 1024
@@ -69,6 +70,9 @@ class EstateConfig:
     eval_disk_gb: int = 500
     eval_worker_cpu: int = 2048
     eval_worker_memory: int = 7168
+    # the package index the grading containers' pip reaches (proxpi on Fargate in the build subnets)
+    package_index_replicas: int = 1
+    package_index_upstream: str = ""  # "" = proxpi's default upstream (PyPI's simple API)
     # head node and build tier
     head_instance_type: str = "m6i.large"
     head_disk_gb: int = 100
@@ -95,6 +99,11 @@ class EstateConfig:
             raise ValueError("harnessEphemeralGb must be between 21 and 200 (Fargate)")
         if self.task_image_expiry_days < 1:
             raise ValueError("taskImageExpiryDays must be >= 1")
+        if self.package_index_replicas < 0:
+            raise ValueError("packageIndexReplicas must be >= 0")
+        if self.package_index_upstream and not self.package_index_upstream.startswith("https://"):
+            # the index's tasks may open HTTPS only (components/security.py)
+            raise ValueError("packageIndexUpstream must be an https:// simple-API URL")
 
 
 def from_pulumi_config() -> EstateConfig:
@@ -144,6 +153,7 @@ def from_pulumi_config() -> EstateConfig:
         litellm_image_tag=s("litellmImageTag", d.litellm_image_tag),
         eval_worker_image_tag=s("evalWorkerImageTag", d.eval_worker_image_tag),
         judge_image_tag=s("judgeImageTag", d.judge_image_tag),
+        package_index_image_tag=s("packageIndexImageTag", d.package_index_image_tag),
         gateway_replicas=i("gatewayReplicas", d.gateway_replicas),
         gateway_cpu=i("gatewayCpu", d.gateway_cpu),
         gateway_memory=i("gatewayMemory", d.gateway_memory),
@@ -159,6 +169,8 @@ def from_pulumi_config() -> EstateConfig:
         eval_disk_gb=i("evalDiskGb", d.eval_disk_gb),
         eval_worker_cpu=i("evalWorkerCpu", d.eval_worker_cpu),
         eval_worker_memory=i("evalWorkerMemory", d.eval_worker_memory),
+        package_index_replicas=i("packageIndexReplicas", d.package_index_replicas),
+        package_index_upstream=s("packageIndexUpstream", d.package_index_upstream),
         head_instance_type=s("headInstanceType", d.head_instance_type),
         head_disk_gb=i("headDiskGb", d.head_disk_gb),
         build_instance_type=s("buildInstanceType", d.build_instance_type),

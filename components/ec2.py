@@ -12,6 +12,8 @@ from components.common import child
 
 AL2023_ECS_AMI = "resolve:ssm:/aws/service/ecs/optimized-ami/amazon-linux-2023/recommended/image_id"
 AL2023_AMI = "resolve:ssm:/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
+# 1: no container on any tier may use the instance role (ECS agent: host network; tasks: task roles; builds: host).
+IMDS_HOP_LIMIT = 1
 
 
 def user_data(script: pulumi.Input[str]) -> pulumi.Output[str]:
@@ -31,7 +33,8 @@ def launch_template(
     tier_tags: dict[str, str],
     for_asg: bool = True,
 ) -> aws.ec2.LaunchTemplate:
-    """No public IP, IMDSv2 only, encrypted gp3 root volume sized for the tier's images.
+    """No public IP, IMDSv2 only and unreachable from containers (IMDS_HOP_LIMIT), encrypted gp3 root volume sized
+    for the tier's images.
 
     For an Auto Scaling group the template carries the network interface (no public IP); a single
     instance sets its subnet itself, so its template only names the security groups.
@@ -52,7 +55,7 @@ def launch_template(
         update_default_version=True,
         iam_instance_profile={"arn": instance_profile_arn},
         **net,
-        metadata_options={"http_tokens": "required", "http_endpoint": "enabled", "http_put_response_hop_limit": 2},
+        metadata_options={"http_tokens": "required", "http_endpoint": "enabled", "http_put_response_hop_limit": IMDS_HOP_LIMIT},
         block_device_mappings=[
             {
                 "device_name": "/dev/xvda",

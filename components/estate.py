@@ -17,6 +17,7 @@ from components.gateway import Gateway, GatewayArgs
 from components.guard import NightlyGuard, NightlyGuardArgs
 from components.harness import HarnessFleet, HarnessFleetArgs
 from components.network import Network, NetworkArgs
+from components.package_index import PackageIndex, PackageIndexArgs
 from components.security import SecurityGroups, SecurityGroupsArgs
 from components.state import RUNS_PREFIX, State, StateArgs
 
@@ -52,6 +53,7 @@ OUTPUT_KEYS = (
     "judge_task_definition_arn",
     "eval_task_definition_arn",
     "eval_service_name",
+    "package_index_url",
     "eval_asg_name",
     "build_asg_name",
     "head_instance_id",
@@ -142,6 +144,22 @@ def build(cfg: EstateConfig) -> dict[str, Any]:
             log_retention_days=cfg.log_retention_days,
         ),
     )
+    index = PackageIndex(
+        f"{p}-pkg-index",  # short: the load balancer's and target group's names are at most 32 characters
+        PackageIndexArgs(
+            prefix=p,
+            subnet_ids=net.subnet_ids["build"],
+            lb_sg_id=sg["package_index_lb"],
+            task_sg_id=sg["package_index_task"],
+            vpc_id=net.vpc_id,
+            platform_repo_arn=repos["platform"],
+            platform_repo_url=urls["platform"],
+            image_tag=cfg.package_index_image_tag,
+            upstream_url=cfg.package_index_upstream,
+            replicas=cfg.package_index_replicas,
+            log_retention_days=cfg.log_retention_days,
+        ),
+    )
     evalf = EvalFleet(
         f"{p}-eval",
         EvalFleetArgs(
@@ -157,6 +175,7 @@ def build(cfg: EstateConfig) -> dict[str, Any]:
             platform_repo_url=urls["platform"],
             queue_prefix=cfg.queue_prefix,
             worker_image_tag=cfg.eval_worker_image_tag,
+            package_index_url=index.url,
             instance_type=cfg.eval_instance_type,
             max_instances=cfg.eval_max_instances,
             disk_gb=cfg.eval_disk_gb,
@@ -268,6 +287,7 @@ def build(cfg: EstateConfig) -> dict[str, Any]:
         "judge_task_definition_arn": judge.task_definition_arn,
         "eval_task_definition_arn": evalf.task_definition_arn,
         "eval_service_name": f"{p}-eval-worker",
+        "package_index_url": index.url,
         "eval_asg_name": evalf.asg_name,
         "build_asg_name": build_tier.asg_name,
         "head_instance_id": head.instance_id,

@@ -20,6 +20,7 @@ from components.common import (
     tags,
 )
 from components.ec2 import AL2023_ECS_AMI, instance_profile, launch_template
+from components.package_index import PACKAGE_INDEX_ENV
 from contract import signing
 
 
@@ -37,6 +38,7 @@ class EvalFleetArgs:
     platform_repo_url: pulumi.Input[str]
     queue_prefix: str
     worker_image_tag: str
+    package_index_url: pulumi.Input[str]  # the simple-API base URL the grading containers' pip is relayed to
     instance_type: str = "m6i.2xlarge"
     max_instances: int = 50
     disk_gb: int = 500
@@ -167,7 +169,9 @@ class EvalFleet(pulumi.ComponentResource):
             ],
             t,
         )
-        containers = pulumi.Output.all(args.platform_repo_url, self.log_group.name, region(), args.verdict_key_arn).apply(
+        containers = pulumi.Output.all(
+            args.platform_repo_url, self.log_group.name, region(), args.verdict_key_arn, args.package_index_url
+        ).apply(
             lambda a: json.dumps(
                 [
                     {
@@ -176,6 +180,7 @@ class EvalFleet(pulumi.ComponentResource):
                         "essential": True,
                         "memory": args.worker_memory,
                         "mountPoints": [{"sourceVolume": "docker-sock", "containerPath": "/var/run/docker.sock"}],
+                        "environment": [{"name": PACKAGE_INDEX_ENV, "value": a[4]}],
                         "secrets": [{"name": signing.VERDICT_KEY_ENV, "valueFrom": a[3]}],
                         "logConfiguration": {
                             "logDriver": "awslogs",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 
 def _csv(name: str) -> list[str]:
@@ -25,10 +25,10 @@ def _csv(name: str) -> list[str]:
 
 def parse_deadline(value: str) -> datetime | None:
     try:
-        d = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        d = datetime.fromisoformat(value)  # Python 3.11+ reads a trailing "Z"
     except (TypeError, ValueError):
         return None
-    return d if d.tzinfo else d.replace(tzinfo=timezone.utc)
+    return d if d.tzinfo else d.replace(tzinfo=UTC)
 
 
 def overdue(task: dict, now: datetime, tag_key: str) -> bool:
@@ -66,10 +66,10 @@ def scale_to_zero(ecs, autoscaling, ec2, services: list[list[str]], asgs: list[s
 
 
 def handler(event, context, clients=None, now: datetime | None = None):
-    import boto3  # noqa: PLC0415 (the Lambda runtime provides it)
+    import boto3  # the Lambda runtime provides it
 
     c = clients or {s: boto3.client(s) for s in ("ecs", "autoscaling", "ec2")}
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     mode = (event or {}).get("mode", "nightly")
     tag_key = os.environ.get("DEADLINE_TAG", "evalplane:deadline")
     result = {"mode": mode, "stopped": sweep_deadlines(c["ecs"], _csv("CLUSTERS"), now, tag_key)}

@@ -27,7 +27,7 @@ class NetworkArgs:
     interface_endpoints: tuple[str, ...] = REQUIRED_INTERFACE_ENDPOINTS
 
     @staticmethod
-    def from_config(cfg: EstateConfig) -> "NetworkArgs":
+    def from_config(cfg: EstateConfig) -> NetworkArgs:
         eps = tuple(dict.fromkeys(REQUIRED_INTERFACE_ENDPOINTS + tuple(cfg.extra_endpoints)))
         return NetworkArgs(
             prefix=cfg.prefix,

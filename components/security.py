@@ -1,8 +1,9 @@
 """SecurityGroups: one group per tier and every rule between them, in one place.
 
 Nothing is open to the internet inbound. Egress to 0.0.0.0/0 exists only for the NAT tiers (gateway
-tasks reach model providers; the build tier pulls official images); everything else talks to the VPC
-(interface endpoints), the S3 prefix list (gateway endpoint) and named peer groups.
+tasks reach model providers; the build tier pulls official images; the package index fetches from its
+upstream); everything else talks to the VPC (interface endpoints), the S3 prefix list (gateway endpoint)
+and named peer groups. The eval hosts reach one service outside AWS's APIs and Valkey: the package index.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ GATEWAY_LB_PORT = 80
 GATEWAY_TASK_PORT = 4000
 VALKEY_PORT = 6379
 AURORA_PORT = 5432
-GROUPS = ("harness", "judge", "gateway_lb", "gateway_task", "eval", "head", "build", "valkey", "aurora")
+PACKAGE_INDEX_LB_PORT = 80
+PACKAGE_INDEX_TASK_PORT = 5000  # proxpi's gunicorn
+GROUPS = ("harness", "judge", "gateway_lb", "gateway_task", "eval", "head", "build", "valkey", "aurora",
+          "package_index_lb", "package_index_task")
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,13 @@ class SecurityGroups(pulumi.ComponentResource):
             aws_apis(g)
         egress("build", 443, cidr_ipv4=ANYWHERE)  # official images, package mirrors (through NAT)
         egress("build", 80, cidr_ipv4=ANYWHERE)
+        # Package index (appended last: the rules above keep their names): the eval hosts only, for the grading
+        # containers' pip (relayed by the eval worker); the index fetches from its upstream over HTTPS, through NAT.
+        ingress("package_index_lb", PACKAGE_INDEX_LB_PORT, "eval")
+        egress("eval", PACKAGE_INDEX_LB_PORT, referenced_security_group_id=sg["package_index_lb"])
+        egress("package_index_lb", PACKAGE_INDEX_TASK_PORT, referenced_security_group_id=sg["package_index_task"])
+        ingress("package_index_task", PACKAGE_INDEX_TASK_PORT, "package_index_lb")
+        egress("package_index_task", 443, cidr_ipv4=ANYWHERE)
 
         self.ids = sg
         self.register_outputs({"ids": sg})

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from pulumi_policy import (
     EnforcementLevel,
@@ -54,6 +55,15 @@ T_ROLE = "aws:iam/role:Role"
 T_ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
 T_ROLE_ATTACH = "aws:iam/rolePolicyAttachment:RolePolicyAttachment"
 T_POLICY_ATTACH = "aws:iam/policyAttachment:PolicyAttachment"
+T_SG = "aws:ec2/securityGroup:SecurityGroup"
+T_SG_RULE = "aws:ec2/securityGroupRule:SecurityGroupRule"
+T_SG_INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+T_SG_EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
+
+# The security groups (by their tier tag, components/security.py) that may open egress to the internet: each sits
+# in the NAT subnets and needs it (gateway tasks: model providers; builders: official images; the package index's
+# tasks: its upstream).
+OPEN_EGRESS_TIERS = ("gateway_task", "build", "package_index_task")
 
 # Where an IAM statement may use Resource "*": per role policy (its `name`), the actions that have no
 # resource-level permissions in IAM, why the tier needs them, and the condition key that must narrow
@@ -77,6 +87,7 @@ WILDCARD_ALLOWLIST: dict[str, dict[str, tuple[str, str | None]]] = {
     "eval-task": {ECR_AUTH[0]: ECR_AUTH[1:]},  # the worker pulls per-instance images via the host's Docker
     "judge-exec": {ECR_AUTH[0]: ECR_AUTH[1:]},
     "judge-task": {},
+    "package-index-exec": {ECR_AUTH[0]: ECR_AUTH[1:]},  # no task role: proxpi calls no AWS API
     "dispatcher": {ECR_AUTH[0]: ECR_AUTH[1:], LIST_TASKS[0]: LIST_TASKS[1:], DESCRIBE_TD[0]: DESCRIBE_TD[1:],
                    REGISTER_TD[0]: REGISTER_TD[1:]},
     "build-instance": {ECR_AUTH[0]: ECR_AUTH[1:]},
@@ -198,7 +209,7 @@ interface_endpoints_private_dns = _resource_policy(
 
 def _validate_required_endpoints(args: StackValidationArgs, report: ReportViolation) -> None:
     eps = [r.props for r in args.resources if r.resource_type == T_ENDPOINT]
-    svc = lambda p: str(p.get("serviceName") or "")  # noqa: E731
+    svc = lambda p: str(p.get("serviceName") or "")
     if not any(svc(p).endswith(".s3") and p.get("vpcEndpointType") == "Gateway" and p.get("routeTableIds") for p in eps):
         report("missing the S3 gateway endpoint on the isolated route tables", None)
     for name in REQUIRED_INTERFACE_ENDPOINTS:
@@ -340,6 +351,52 @@ def _check_ecr(_t: str, props: Mapping[str, Any]) -> Iterable[str]:
 ecr_immutable = _resource_policy("ecr-immutable-scan-on-push", "ECR: immutable tags, scan on push.", [T_ECR], _check_ecr)
 
 
+# ------------------------------------------------------------------------------ security groups
+def _open_cidrs(props: Mapping[str, Any], v4: str, v6: str) -> bool:
+    return any(c == DEFAULT_V4 for c in _listify(props.get(v4) or [])) or any(
+        c == DEFAULT_V6 for c in _listify(props.get(v6) or []))
+
+
+def _validate_internet_rules(args: StackValidationArgs, report: ReportViolation) -> None:
+    rs = list(args.resources)
+
+    def open_egress(group: PolicyResource, what: str, urn: str | None) -> None:
+        tier = _tags(group.props).get(TIER_TAG)
+        if tier not in OPEN_EGRESS_TIERS:
+            report(f"{what} opens egress to the internet from security group {group.name} (tier {tier!r}); only "
+                   f"{', '.join(OPEN_EGRESS_TIERS)} may", urn)
+
+    for res in rs:
+        t, props = res.resource_type, res.props
+        if t == T_SG:
+            for block in props.get("ingress") or []:
+                if _open_cidrs(block, "cidrBlocks", "ipv6CidrBlocks"):
+                    report(f"security group {res.name} takes ingress from the internet", res.urn)
+            if any(_open_cidrs(block, "cidrBlocks", "ipv6CidrBlocks") for block in props.get("egress") or []):
+                open_egress(res, f"an inline egress rule of {res.name}", res.urn)
+        elif t in (T_SG_INGRESS, T_SG_EGRESS) and _open_cidrs(props, "cidrIpv4", "cidrIpv6"):
+            if t == T_SG_INGRESS:
+                report(f"{res.name} takes ingress from the internet", res.urn)
+            else:
+                for group in _linked(res, "securityGroupId", T_SG, rs):
+                    open_egress(group, res.name, res.urn)
+        elif t == T_SG_RULE and _open_cidrs(props, "cidrBlocks", "ipv6CidrBlocks"):
+            if props.get("type") == "ingress":
+                report(f"{res.name} takes ingress from the internet", res.urn)
+            else:
+                for group in _linked(res, "securityGroupId", T_SG, rs):
+                    open_egress(group, res.name, res.urn)
+
+
+internet_rules = StackValidationPolicy(
+    name="internet-egress-only-from-nat-tiers",
+    description=("No security group takes ingress from the internet; egress to 0.0.0.0/0 or ::/0 only from the "
+                 "NAT tiers' groups: " + ", ".join(OPEN_EGRESS_TIERS) + "."),
+    validate=_validate_internet_rules,
+    enforcement_level=MANDATORY,
+)
+
+
 # ------------------------------------------------------------------------------------------ IAM
 FULL_WILDCARD_ARN = re.compile(r"^arn:aws[a-z-]*:[^:]*:[^:]*:[^:]*:\*$")
 
@@ -407,5 +464,5 @@ RESOURCE_POLICIES = [
     ecr_immutable,
     iam_least_privilege,
 ]
-STACK_POLICIES = [no_default_route_into_isolated, required_endpoints, bucket_guardrails]
+STACK_POLICIES = [no_default_route_into_isolated, required_endpoints, bucket_guardrails, internet_rules]
 POLICIES = [*RESOURCE_POLICIES, *STACK_POLICIES]

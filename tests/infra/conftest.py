@@ -11,10 +11,9 @@ import asyncio
 
 import pulumi
 import pytest
+from infra_support import EstateMocks, MockRun, Snapshot, build_snapshot
 from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.settings import reset_options
-
-from infra_support import EstateMocks, MockRun, Snapshot, build_snapshot
 
 reset_options()
 

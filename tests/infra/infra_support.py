@@ -6,7 +6,6 @@ import asyncio
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any
 
 import pulumi
 from pulumi.runtime.mocks import MockMonitor

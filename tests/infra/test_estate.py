@@ -7,6 +7,7 @@ import json
 
 import pulumi
 import pytest
+from infra_support import Snapshot
 
 from components import estate
 from components.config import (
@@ -19,7 +20,6 @@ from components.config import (
     usable,
 )
 from components.network import REQUIRED_INTERFACE_ENDPOINTS
-from infra_support import Snapshot
 
 DEFAULTS = ("0.0.0.0/0", "::/0")
 TARGET_TASKS = 20_000
@@ -153,11 +153,12 @@ def test_subnet_sizing_arithmetic():
 # -------------------------------------------------------------------------------------- compute
 def test_eval_task_definition_requires_ec2(estate_snapshot):
     tds = {r.inputs["family"]: r for r in estate_snapshot.of("aws:ecs/taskDefinition:TaskDefinition")}
-    assert set(tds) == {"evalplane-harness", "evalplane-judge", "evalplane-eval-worker", "evalplane-gateway"}
+    assert set(tds) == {"evalplane-harness", "evalplane-judge", "evalplane-eval-worker", "evalplane-gateway",
+                        "evalplane-package-index"}
     ev = tds["evalplane-eval-worker"]
     assert ev.inputs["requiresCompatibilities"] == ["EC2"]
     assert any(v["hostPath"] == "/var/run/docker.sock" for v in ev.inputs["volumes"])
-    for fam in ("evalplane-harness", "evalplane-judge", "evalplane-gateway"):
+    for fam in ("evalplane-harness", "evalplane-judge", "evalplane-gateway", "evalplane-package-index"):
         assert tds[fam].inputs["requiresCompatibilities"] == ["FARGATE"]
         assert tds[fam].inputs["networkMode"] == "awsvpc"
 
@@ -180,6 +181,16 @@ def test_no_public_ip_anywhere(estate_snapshot):
     # Elastic IPs exist only for NAT gateways
     eips = {e.id for e in s.of("aws:ec2/eip:Eip")}
     assert eips == {n.inputs["allocationId"] for n in s.of("aws:ec2/natGateway:NatGateway")}
+
+
+def test_no_container_on_an_ec2_tier_reaches_the_instance_metadata_service(estate_snapshot):
+    """IMDSv2 only, and its token answer dies after one hop: a container (the eval hosts' grading containers, the
+    builders' image builds) is one hop further, so it never gets the instance role's credentials."""
+    lts = {lt.name: lt for lt in estate_snapshot.of("aws:ec2/launchTemplate:LaunchTemplate")}
+    assert set(lts) == {"evalplane-eval-lt", "evalplane-build-lt", "evalplane-head-lt"}
+    for lt in lts.values():
+        assert lt.inputs["metadataOptions"] == {
+            "httpTokens": "required", "httpEndpoint": "enabled", "httpPutResponseHopLimit": 1}, lt.name
 
 
 def test_every_autoscaling_group_has_min_zero(estate_snapshot):
@@ -259,7 +270,7 @@ def test_task_images_repository_belongs_to_the_build_tier(estate_snapshot):
 # ---------------------------------------------------------------------------------- gateway tier
 def test_gateway_two_replicas_behind_internal_lb_reachable_only_from_tasks(estate_snapshot):
     s = estate_snapshot
-    (lb,) = s.of("aws:lb/loadBalancer:LoadBalancer")
+    lb = s.one("aws:lb/loadBalancer:LoadBalancer", "evalplane-gateway-alb")
     assert lb.inputs["internal"] is True
     svc = s.one("aws:ecs/service:Service", "evalplane-gateway-service")
     assert svc.inputs["desiredCount"] == 2 and svc.inputs["launchType"] == "FARGATE"
@@ -285,7 +296,7 @@ def test_no_ingress_from_the_internet(estate_snapshot):
         for r in estate_snapshot.of("aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule")
         if r.inputs.get("cidrIpv4") == "0.0.0.0/0"
     }
-    assert open_egress == {"evalplane-sg-gateway-task-id", "evalplane-sg-build-id"}
+    assert open_egress == {"evalplane-sg-gateway-task-id", "evalplane-sg-build-id", "evalplane-sg-package-index-task-id"}
 
 
 # ---------------------------------------------------------------------------- guard and budget
@@ -308,7 +319,7 @@ def test_guard_schedules_lambda_and_budget(estate_snapshot):
 def test_every_resource_is_parented_to_a_component_and_prefixed(estate_snapshot):
     customs = estate_snapshot.custom()
     components = [r for r in estate_snapshot.created if not r.custom]
-    assert len(components) == 10
+    assert len(components) == 11
     assert all(r.typ.startswith("evalplane:") for r in components)
     for r in customs:
         assert r.urn, r.name

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from components import guard_lambda as g
 
-NOW = datetime(2026, 1, 2, 3, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 2, 3, 0, tzinfo=UTC)
 
 
 class FakeECS:

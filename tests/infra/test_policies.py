@@ -10,12 +10,12 @@ import json
 import pulumi
 import pulumi_aws as aws
 import pytest
+from policy_bridge import _opts, resource_args, run_resource_policies, run_stack_policies
 from pulumi_policy import PolicyResource, StackValidationArgs
 
 from components import estate
 from components.config import EstateConfig
 from policy import rules as R
-from policy_bridge import _opts, resource_args, run_resource_policies, run_stack_policies
 
 
 class Rec:  # the shape resource_args/run_* expect

@@ -28,7 +28,7 @@ def test_main_exports_every_output(pulumi_mocks, monkeypatch):
 
     run()
     assert set(exported) == set(estate.OUTPUT_KEYS)
-    assert len([r for r in pulumi_mocks.mocks.created if not r.custom]) == 10
+    assert len([r for r in pulumi_mocks.mocks.created if not r.custom]) == 11
 
 
 def test_docs_cover_every_config_key_output_and_policy():
@@ -49,7 +49,7 @@ def test_docs_cover_every_config_key_output_and_policy():
 
 def test_example_stack_config_uses_known_keys():
     text = (ROOT / "Pulumi.dev.yaml").read_text()
-    keys = re.findall(r"^\s+evalplane:(\w+):", text, flags=re.M)
+    keys = re.findall(r"^\s+evalplane:(\w+):", text, flags=re.MULTILINE)
     assert keys and set(keys) <= set(CONFIG_KEYS)
     assert "aws:region:" in text
 
@@ -95,4 +95,4 @@ def test_component_discipline_statically():
                     if isinstance(inner, ast.Call):
                         src = ast.unparse(inner.func)
                         assert not src.startswith("aws."), f"{cls.name}: resource {src} inside apply()"
-    assert seen == 10
+    assert seen == 11
