@@ -20,8 +20,9 @@ from components.common import (
     tags,
 )
 from components.ec2 import AL2023_ECS_AMI, instance_profile, launch_template
-from components.package_index import PACKAGE_INDEX_ENV
 from contract import signing
+from dispatcher.launchers.egress import EGRESS_IMAGE_ENV
+from eval_worker.package_index import PACKAGE_INDEX_ENV
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,9 @@ class EvalFleet(pulumi.ComponentResource):
                         "essential": True,
                         "memory": args.worker_memory,
                         "mountPoints": [{"sourceVolume": "docker-sock", "containerPath": "/var/run/docker.sock"}],
-                        "environment": [{"name": PACKAGE_INDEX_ENV, "value": a[4]}],
+                        # the grading network's egress runs a standard-library forwarder in the worker's own image
+                        "environment": [{"name": PACKAGE_INDEX_ENV, "value": a[4]},
+                                        {"name": EGRESS_IMAGE_ENV, "value": f"{a[0]}:{args.worker_image_tag}"}],
                         "secrets": [{"name": signing.VERDICT_KEY_ENV, "valueFrom": a[3]}],
                         "logConfiguration": {
                             "logDriver": "awslogs",

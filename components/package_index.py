@@ -19,16 +19,11 @@ import pulumi_aws as aws
 
 from components.common import child, ecr_pull_statements, logs_statements, region, role_with_policy, tags
 from components.security import PACKAGE_INDEX_LB_PORT, PACKAGE_INDEX_TASK_PORT
+from eval_worker.package_index import DOWNLOAD_TIMEOUT_S, proxpi_settings
 
-# The variable the eval worker reads the index's simple-API base URL from (it points its grading containers' pip at
-# it through its relay).
-PACKAGE_INDEX_ENV = "EVALPLANE_PACKAGE_INDEX"
 INDEX_PATH = "/index/"  # proxpi's simple API
 CONTAINER = "proxpi"
 CACHE_DIR = "/var/cache/proxpi"
-# proxpi waits this long for a file it is fetching before it redirects the client to the upstream, which the eval
-# tier cannot reach: long enough for the largest wheels, so it never redirects.
-DOWNLOAD_TIMEOUT_S = 300
 
 
 @dataclass(frozen=True)
@@ -77,15 +72,8 @@ class PackageIndex(pulumi.ComponentResource):
             tags=t,
             opts=child(self),
         )
-        environment = [
-            {"name": "PROXPI_CACHE_DIR", "value": CACHE_DIR},
-            {"name": "PROXPI_CACHE_SIZE", "value": str(args.cache_gb * 1024**3)},
-            {"name": "PROXPI_DOWNLOAD_TIMEOUT", "value": str(DOWNLOAD_TIMEOUT_S)},
-            {"name": "PROXPI_CONNECT_TIMEOUT", "value": "10"},
-            {"name": "PROXPI_READ_TIMEOUT", "value": "60"},
-        ]
-        if args.upstream_url:
-            environment.append({"name": "PROXPI_INDEX_URL", "value": args.upstream_url})
+        environment = [{"name": k, "value": v} for k, v in proxpi_settings(
+            CACHE_DIR, args.upstream_url, cache_bytes=args.cache_gb * 1024**3).items()]
         containers = pulumi.Output.all(args.platform_repo_url, log_group.name, region()).apply(
             lambda a: json.dumps(
                 [

@@ -65,7 +65,7 @@ def _daemon(name: str, argv: list[str], host: str, port: int, serves) -> None:
             raise RuntimeError(f"port {port} answers, but not as the {name} server, and it is not this checkout's "
                                f"({state_dir() / (name + '.pid')}): stop it, or set another port")
     if not _answers(host, port):
-        log = open(state_dir() / f"{name}.log", "ab")
+        log = open(state_dir() / f"{name}.log", "ab")  # noqa: SIM115  (the daemon holds it)
         proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
         (state_dir() / f"{name}.pid").write_text(str(proc.pid))
         deadline = time.monotonic() + 30

@@ -59,6 +59,7 @@ from dispatcher.planner import Planner, observe
 from dispatcher.progress import Progress
 from dispatcher.resources import RunResources
 from dispatcher.writer import ResultsWriter
+from eval_worker import package_index
 
 log = logging.getLogger("evalplane.dispatcher")
 
@@ -285,6 +286,8 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
             worker_env = local_task_env({**aws_env, "EVALPLANE_STATE_DIR": str(localstack.state_dir()),
                                          "DATABASE_URL": db.database_url(),
                                          signing.VERDICT_KEY_ENV: run_keys.verdict_key.decode()})
+            if spec.eval.backend == "docker":  # the one thing a grading container may reach
+                worker_env[package_index.PACKAGE_INDEX_ENV] = localstack.ensure_package_index()
             workers = services.eval_workers(plan.spec.eval.workers, [
                 "--queue", res.eval_queue_url, "--logs-root", str(run_dir / "eval"), "--backend", spec.eval.backend],
                 worker_env)

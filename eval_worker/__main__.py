@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from eval_worker.package_index import PACKAGE_INDEX_ENV
+
 
 def _logging(verbose: bool) -> None:
     logging.basicConfig(
@@ -30,11 +32,16 @@ def _logging(verbose: bool) -> None:
     logging.getLogger("botocore").setLevel(logging.WARNING)
 
 
-def _docker_backend(database_url: str | None, registry: str | None, require_pinned: bool):
+def _docker_backend(database_url: str | None, registry: str | None, require_pinned: bool,
+                    package_index: str | None):
     from eval_worker.docker_backend import DockerBackend
     from eval_worker.pinning import ImageResolver
 
-    return DockerBackend(resolver=ImageResolver(database_url, registry, require_pinned))
+    if not package_index:
+        logging.getLogger("eval_worker").warning(
+            "no package index (--package-index, $%s): gradings reach no network; an eval script that installs "
+            "packages from an index fails", PACKAGE_INDEX_ENV)
+    return DockerBackend(resolver=ImageResolver(database_url, registry, require_pinned), package_index=package_index)
 
 
 def _recipes(paths: list[Path]):
@@ -51,6 +58,8 @@ def _recipes(paths: list[Path]):
     return book
 
 
+PACKAGE_INDEX_HELP = ("docker backend: the simple-API URL of the package index gradings may reach, and nothing else "
+                      f"(default ${PACKAGE_INDEX_ENV}; none: they reach no network)")
 ENVIRONMENTS_HELP = ("process backend: a TOML file of environment recipes ([[environment]] tables), in addition "
                      "to the environments.toml beside each repository bundle; repeatable")
 
@@ -78,6 +87,7 @@ def worker_main(argv: list[str]) -> int:
     ap.add_argument("--registry", default=None, help="docker backend: pull mirrored images by digest from here")
     ap.add_argument("--require-pinned", action="store_true",
                     help="docker backend: infra_error unless the image has a valid validation or mirror record")
+    ap.add_argument("--package-index", default=os.environ.get(PACKAGE_INDEX_ENV), help=PACKAGE_INDEX_HELP)
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     _logging(args.verbose)
@@ -86,7 +96,7 @@ def worker_main(argv: list[str]) -> int:
     from eval_worker.worker import EvalWorker
 
     if args.backend == "docker":
-        backend = _docker_backend(args.database_url, args.registry, args.require_pinned)
+        backend = _docker_backend(args.database_url, args.registry, args.require_pinned, args.package_index)
     else:
         backend = ProcessBackend(root=args.sandbox_root, keep=args.keep_sandboxes, recipes=_recipes(args.environments))
     from contract import signing
@@ -128,6 +138,7 @@ def validate_main(argv: list[str]) -> int:
     ap.add_argument("--registry", default=None, help="docker: validate the mirrored image (by digest)")
     ap.add_argument("--database-url", default=None)
     ap.add_argument("--environments", type=Path, action="append", default=[], metavar="FILE", help=ENVIRONMENTS_HELP)
+    ap.add_argument("--package-index", default=os.environ.get(PACKAGE_INDEX_ENV), help=PACKAGE_INDEX_HELP)
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     _logging(args.verbose)
@@ -143,7 +154,8 @@ def validate_main(argv: list[str]) -> int:
     rows = load_rows(args.dataset, args.instances)
     repos = args.repos or str(Path(args.dataset).resolve().parent / "repos")
     logs_root = args.logs_root or Path(tempfile.mkdtemp(prefix="ep-validate-"))
-    backend = _docker_backend(url if args.registry else None, args.registry, False) if args.backend == "docker" else None
+    backend = (_docker_backend(url if args.registry else None, args.registry, False, args.package_index)
+               if args.backend == "docker" else None)
     process_backend = ProcessBackend(recipes=_recipes(args.environments))
     with db.connect(url) as conn:
         db.migrate(conn)

@@ -11,15 +11,25 @@ wrote (classify): a report -> resolved / unresolved / error (no valid test outpu
 anything else (image missing, container or daemon errors) -> infra_error, never a model failure.
 An error is checked against the untouched base (run_instance's skip_patch mode, in the same image):
 no valid test output there either -> infra_error, reason environment_broken (eval_worker.grading).
+
+The container runs the model's code (the tests import the patched package), so run_instance is handed a Docker
+client that seals every container it creates (SealedDocker; run_instance itself stays unmodified): on the grading
+network, an internal network whose only peer is an egress relaying to the package index (eval_worker.package_index)
+and whose bridge has no address on the host, so nothing of the control plane, the host or the metadata addresses
+is reachable; pip pointed at that index; without the CAP_SYS_ADMIN run_instance adds (for browser sandboxes in
+JavaScript instances: it lets root in the container mount filesystems); with no-new-privileges. An eval script that
+installs packages while the index is down lands infra_error (package_index_unavailable), never the model's.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import tempfile
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import docker
 from swebench.harness.constants import (
@@ -34,7 +44,10 @@ from swebench.harness.utils import make_test_spec
 from swebench.types import TestSpec
 
 from contract.models import EvalJob, EvalOutcome, Verdict, utcnow
+from dispatcher.launchers.egress import EGRESS_IMAGE, EGRESS_IMAGE_ENV, Egress, EgressError
+from eval_worker import package_index
 from eval_worker.cwd import in_directory
+from eval_worker.environments import installs_packages
 from eval_worker.grading import (
     ENVIRONMENT_BROKEN,
     ENVIRONMENT_BROKEN_REASON,
@@ -45,6 +58,60 @@ from eval_worker.layout import BASE_LOG_INSTANCE, BASE_TEST_OUTPUT, instance_log
 from eval_worker.pinning import ImageResolver, ImageUnavailable, PinnedImage
 
 log = logging.getLogger("eval_worker.docker")
+
+GRADING_NETWORK = "evalplane-grading"
+DROPPED_CAPS = {"SYS_ADMIN"}
+
+
+class SealedContainers:
+    """client.containers, whose create() seals every container (SealedDocker)."""
+
+    def __init__(self, containers, seal):
+        self._containers, self._seal = containers, seal
+
+    def create(self, image, command=None, **kwargs):
+        return self._containers.create(image, command, **self._seal(kwargs))
+
+    def __getattr__(self, name):
+        return getattr(self._containers, name)
+
+
+class SealedDocker:
+    """The Docker client run_instance is handed: the real one, but every container it creates goes on `network`,
+    with `environment` added, without DROPPED_CAPS and with no-new-privileges."""
+
+    def __init__(self, client: docker.DockerClient, network: str, environment: dict[str, str]):
+        self._client, self.network, self.environment = client, network, environment
+        self.containers = SealedContainers(client.containers, self.seal)
+
+    def seal(self, kwargs: dict) -> dict:
+        kw = {k: v for k, v in kwargs.items() if k not in ("network_mode", "network", "networking_config")}
+        env = kw.get("environment") or {}
+        if isinstance(env, list):
+            env = dict(item.split("=", 1) for item in env)
+        kw["environment"] = {**env, **self.environment}
+        kw["cap_add"] = [c for c in kw.get("cap_add") or [] if c.upper().removeprefix("CAP_") not in DROPPED_CAPS]
+        kw["security_opt"] = [*(kw.get("security_opt") or []), "no-new-privileges"]
+        kw["network"] = self.network
+        return kw
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+
+INDEX_DOWN = "package_index_unavailable"
+
+
+def _up(egress: Egress) -> Egress:
+    """The grading network and its egress (shared by every worker on the host: one that lost a race to create
+    them finds the winner's)."""
+    for attempt in range(3):
+        try:
+            return egress.up()
+        except docker.errors.APIError as e:
+            if e.status_code != 409 or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def container_name(instance_id: str, run_id: str) -> str:
@@ -103,9 +170,15 @@ class DockerBackend:
 
     name = "docker"
 
-    def __init__(self, client: docker.DockerClient | None = None, resolver: ImageResolver | None = None):
+    def __init__(self, client: docker.DockerClient | None = None, resolver: ImageResolver | None = None,
+                 package_index: str | None = None, network: str = GRADING_NETWORK, egress_image: str | None = None):
+        """package_index: the simple-API URL of the index gradings may reach (None: they reach nothing)."""
         self._client = client
         self.resolver = resolver or ImageResolver()
+        self.package_index = package_index
+        self.network = network
+        self.egress_image = egress_image or os.environ.get(EGRESS_IMAGE_ENV) or EGRESS_IMAGE
+        self._sealed: SealedDocker | None = None
 
     @property
     def client(self) -> docker.DockerClient:
@@ -114,6 +187,20 @@ class DockerBackend:
 
             self._client = _docker_client()
         return self._client
+
+    @property
+    def sealed_client(self) -> SealedDocker:
+        """The client run_instance gets; the grading network is set up on first use."""
+        if self._sealed is None:
+            allowed = [self.package_index] if self.package_index else []
+            egress = _up(Egress(self.client, self.network, allowed, self.egress_image, host_address=False))
+            env = {}
+            if self.package_index:
+                index = egress.url(self.package_index)
+                env = {"PIP_INDEX_URL": index, "PIP_TRUSTED_HOST": urlsplit(index).hostname or "",
+                       "PIP_DEFAULT_TIMEOUT": "120"}  # the index may fetch a large file whole before sending it
+            self._sealed = SealedDocker(self.client, self.network, env)
+        return self._sealed
 
     def pin(self, row: dict) -> PinnedImage:
         return self.resolver.resolve(self.client, row)
@@ -131,7 +218,7 @@ class DockerBackend:
         Path(logs_root).mkdir(parents=True, exist_ok=True)
         with in_directory(logs_root):
             return run_instance(
-                test_spec, pred, self.client, run_id, timeout=timeout_arg(timeout_s), skip_patch=skip_patch
+                test_spec, pred, self.sealed_client, run_id, timeout=timeout_arg(timeout_s), skip_patch=skip_patch
             )
 
     def grade(self, job: EvalJob, patch: str, logs_root: str | Path) -> Verdict:
@@ -163,10 +250,17 @@ class DockerBackend:
         try:
             self.client.ping()
             pinned = self.pin(job.instance)
+            self.sealed_client  # noqa: B018  (the grading network, before anything runs)
         except ImageUnavailable as e:
             return infra("image_missing", f"image: {e}")
+        except EgressError as e:
+            return infra("container_unavailable", f"grading network: {e}")
         except (docker.errors.DockerException, OSError) as e:
             return infra("container_unavailable", f"docker daemon: {e}")
+        needs_index = bool(self.package_index) and bool(installs_packages(job.instance["eval_script"]))
+        if needs_index and not package_index.available(self.package_index):
+            return infra(INDEX_DOWN, f"the eval script installs packages and the package index "
+                                     f"{self.package_index} does not answer")
         test_spec = make_test_spec({**job.instance, "image": pinned.ref})
         log.info("%s: grading on %s (%s)", job.ref.slug, pinned.ref, pinned.source)
         try:
@@ -174,6 +268,9 @@ class DockerBackend:
         except (docker.errors.DockerException, OSError) as e:  # e.g. listing stale containers failed
             return infra("container_unavailable", f"docker: {e}")
         outcome, entry, reason = classify(test_spec, pred, result, log_dir, job.timeout_s)
+        if needs_index and outcome is not EvalOutcome.RESOLVED and not package_index.available(self.package_index):
+            # the index went away while the eval script ran: what the tests then said is not the model's
+            return infra(INDEX_DOWN, f"the package index {self.package_index} stopped answering during grading")
         if outcome is EvalOutcome.ERROR:
             try:
                 base_valid = self.run_on_base(test_spec, run_id, log_dir, job.timeout_s)

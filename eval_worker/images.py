@@ -192,6 +192,25 @@ def build_image(
     return Built(row["instance_id"], name, image.id, built=True)
 
 
+def without_wheelhouse(client: docker.DockerClient, image: str, tag: str) -> str:
+    """`image` without its baked wheelhouse and the pip configuration that keeps pip on it: its eval script's
+    `pip install -e .` then fetches its build requirements from an index, as in the official images. Returns the
+    image id (built once per image)."""
+    source = client.images.get(image)
+    try:
+        existing = client.images.get(tag)
+        if (existing.labels or {}).get("org.evalplane.from") == source.id:
+            return existing.id
+    except docker.errors.ImageNotFound:
+        pass
+    dockerfile = (f"FROM {source.id}\nRUN rm -rf /opt/wheelhouse /opt/miniconda3/envs/testbed/pip.conf\n"
+                  f"LABEL org.evalplane.from={source.id} org.evalplane.wheelhouse=none\n")
+    with tempfile.TemporaryDirectory(prefix="ep-image-") as tmp:
+        (Path(tmp) / "Dockerfile").write_text(dockerfile)
+        built, _ = client.images.build(path=tmp, tag=tag, rm=True, forcerm=True, pull=False)
+    return built.id
+
+
 def build_images(
     rows: list[dict],
     *,

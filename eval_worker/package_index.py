@@ -19,6 +19,24 @@ import urllib.request
 
 PACKAGE_INDEX_ENV = "EVALPLANE_PACKAGE_INDEX"  # the index's simple-API URL, as a grading's pip is to use it
 PROBE_PROJECT = "pip"  # what a health check asks the index for: served from upstream or from the cache
+# proxpi waits this long for a file it is fetching before it redirects the client to the upstream, which a grading
+# cannot reach: long enough for the largest wheels, so it never redirects
+DOWNLOAD_TIMEOUT_S = 300
+
+
+def proxpi_settings(cache_dir: str, index: str = "", extra: tuple[str, ...] = (),
+                    cache_bytes: int | None = None) -> dict[str, str]:
+    """proxpi's environment, the same here and in the estate's index tasks (components/package_index.py).
+    index "": proxpi's default upstream (PyPI's simple API)."""
+    env = {"PROXPI_CACHE_DIR": cache_dir, "PROXPI_DOWNLOAD_TIMEOUT": str(DOWNLOAD_TIMEOUT_S),
+           "PROXPI_CONNECT_TIMEOUT": "10", "PROXPI_READ_TIMEOUT": "60"}
+    if cache_bytes is not None:
+        env["PROXPI_CACHE_SIZE"] = str(cache_bytes)
+    if index:
+        env["PROXPI_INDEX_URL"] = index
+    if extra:
+        env["PROXPI_EXTRA_INDEX_URLS"] = ",".join(extra)
+    return env
 
 
 def upstream() -> tuple[str, list[str]]:
@@ -64,21 +82,26 @@ def url_for(host: str, port: int) -> str:
     return f"http://{host}:{port}/index/"
 
 
+def simple_api_only(app):
+    """The WSGI app answering only what pip reads (GET and HEAD under /index/): proxpi's cache-invalidation routes
+    are not a grading's to call (on AWS the load balancer's listener rule does the same)."""
+
+    def wrapped(environ, start_response):
+        if environ.get("REQUEST_METHOD") in ("GET", "HEAD") and environ.get("PATH_INFO", "").startswith("/index/"):
+            return app(environ, start_response)
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"not found\n"]
+
+    return wrapped
+
+
 def serve(host: str, port: int, cache_dir: str) -> None:
     index, extra = upstream()
-    os.environ.update({
-        "PROXPI_INDEX_URL": index,
-        "PROXPI_EXTRA_INDEX_URLS": ",".join(extra),
-        "PROXPI_CACHE_DIR": cache_dir,
-        # never answer a slow download with a redirect to the upstream: a grading cannot reach it
-        "PROXPI_DOWNLOAD_TIMEOUT": "600",
-        "PROXPI_CONNECT_TIMEOUT": "10",
-        "PROXPI_READ_TIMEOUT": "60",
-    })
+    os.environ.update(proxpi_settings(cache_dir, index, tuple(extra)))
     from proxpi.server import app  # reads its configuration from the environment when imported
     from werkzeug.serving import run_simple
 
-    run_simple(host, port, app, threaded=True)
+    run_simple(host, port, simple_api_only(app), threaded=True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,10 +17,9 @@ import docker.errors
 
 from contract.models import AttemptRef
 from dispatcher.launchers.base import AttemptEnv, LaunchMeter, TaskHandle, no_attempt_env
-from dispatcher.launchers.egress import Egress
+from dispatcher.launchers.egress import EGRESS_IMAGE, Egress
 
 L_ROLE, L_RUN, L_INSTANCE, L_ATTEMPT = "evalplane.role", "evalplane.run", "evalplane.instance", "evalplane.attempt"
-EGRESS_IMAGE = "evalplane/debian:bookworm"  # any image with python3: the egress runs a standard-library forwarder
 
 
 def container_name(ref: AttemptRef) -> str:

@@ -87,3 +87,25 @@ def broken_row(docker_client, instances, eval_images):
     row = {**instances["evalplane__calc-1"], "image": "evalplane-test/sweb.eval.broken-calc-1:latest"}
     build_image(row, repos_dir=SYNTH / "repos", client=docker_client, tag=row["image"], broken="no-pytest")
     return row
+
+
+@pytest.fixture(scope="session")
+def package_index(docker_client) -> str:
+    """The project's package index, as the dispatcher starts it for docker gradings (dispatcher.localstack)."""
+    from dispatcher import localstack
+    from eval_worker.package_index import available
+
+    url = localstack.ensure_package_index()
+    assert available(url), f"the package index at {url} does not serve (see {localstack.state_dir()}/package-index.log)"
+    return url
+
+
+@pytest.fixture(scope="session")
+def online_row(docker_client, instances, eval_images) -> dict:
+    """evalplane__calc-2 on its image without the baked wheelhouse: its eval script's `pip install -e .` (build
+    isolation) needs an index, as in the official images."""
+    from eval_worker.images import without_wheelhouse
+
+    row = {**instances["evalplane__calc-2"], "image": "evalplane-test/sweb.eval.online-calc-2:latest"}
+    without_wheelhouse(docker_client, instances["evalplane__calc-2"]["image"], row["image"])
+    return row

@@ -14,8 +14,8 @@ from policy_bridge import run_stack_policies
 
 from components import estate
 from components.config import EstateConfig, from_pulumi_config
-from components.package_index import DOWNLOAD_TIMEOUT_S, PACKAGE_INDEX_ENV
 from components.state import RUNS_PREFIX
+from eval_worker.package_index import DOWNLOAD_TIMEOUT_S, PACKAGE_INDEX_ENV
 from policy import rules as R
 
 TD = "aws:ecs/taskDefinition:TaskDefinition"
