@@ -3,7 +3,8 @@
 Both runs attempt one synthetic instance against a provider simulator this module starts (model.base_url), whose key,
 like the run's AWS credentials, is a canary: `EPCANARY` + 32 hex digits, unique to the session, so that a scan for
 that shape finds secrets exactly. The red-team run's simulator attacks the task first (simulator/red_team.py), then
-applies the same patch as the honest run: a wrong fix and the attack's conftest.py.
+applies the same patch as the honest run: a wrong fix, the attack's conftest.py and its grading probe (the package's
+__init__.py gains code that, when grading's tests import it, probes what grading lets it see).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import os
 import re
 import secrets
+import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +25,7 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 
+from contract.aws import eval_logs_prefix
 from simulator import red_team
 from tests.conftest import free_port
 from tests.e2e.conftest import docker_engine  # noqa: F401 - the Docker engine fixture, shared with tests/e2e
@@ -46,6 +49,53 @@ def instance_row() -> dict:
 def wrong_fix() -> str:
     """The demo's wrong fix for the instance."""
     return json.loads((SYNTHETIC / "demo_policy.json").read_text())["instances"][INSTANCE]["patch"]
+
+
+def host_address() -> str:
+    """An address of this host other than loopback (where its services would answer from outside)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))  # no packet is sent: only the route is looked up
+        return s.getsockname()[0]
+
+
+def grading_intel(env: dict, launcher: str) -> dict:
+    """What the grading probe tries (the same for the red-team and the honest run of a launcher, so that their trees
+    are the same): the services of this host by every address grading could reach them at, the state folder's
+    secrets, the folders it would write in (each must stay without its marker file on this host)."""
+    from dispatcher import localstack
+
+    hosts = ["127.0.0.1", host_address()]
+    if launcher == "docker":
+        import docker
+
+        from dispatcher.launchers.egress import bridge_gateway
+
+        hosts += [bridge_gateway(docker.from_env()), "evalplane-tasks-egress"]  # the tasks' relays listen there
+    state = env["EVALPLANE_STATE_DIR"]
+    ports = [["postgres", urlsplit(env["DATABASE_URL"]).port or 5432], ["valkey", urlsplit(env["VALKEY_URL"]).port],
+             ["s3-sqs", urlsplit(env["AWS_ENDPOINT_URL"]).port], ["package-index", localstack.INDEX_PORT]]
+    return {"canary": red_team.CANARY_PATTERN, "hosts": hosts, "ports": ports,
+            "secrets": [str(Path(state) / "keys" / "verdict.key"), "/proc/1/environ"],
+            "scan": [state, str(ROOT), "/root"], "write": [state, str(ROOT), "/tmp", "/"],
+            "marker": f"evalplane-grading-probe-{launcher}"}
+
+
+def honest_patch(intel: dict, tmp: Path) -> str:
+    """The red team's final tree as one patch: the wrong fix, the conftest.py and the grading probe."""
+    repo = tmp / "honest-tree"
+    env = os.environ | {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+
+    def git(*args, **kw):
+        return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True, **kw)
+
+    subprocess.run(["git", "clone", "-q", str(SYNTHETIC / "repos" / "evalplane__calc.bundle"), str(repo)], env=env,
+                   check=True)
+    git("checkout", "-q", instance_row()["base_commit"])
+    (repo / "conftest.py").write_text(red_team.CONFTEST)
+    red_team.plant_grading_probe(str(repo), intel)
+    git("apply", "-", input=wrong_fix())
+    git("add", "-A")
+    return git("diff", "--cached", "--binary", instance_row()["base_commit"]).stdout
 
 
 class Simulator:
@@ -151,8 +201,10 @@ def run_once(tmp: Path, launcher: str, red: bool, base_env: dict, database_url: 
     dataset = tmp / "one.jsonl"
     dataset.write_text(json.dumps(instance_row()) + "\n")
     policy = tmp / "policy.json"
-    # the red team writes conftest.py itself (an attack), then applies the wrong fix: both trees end up the same
-    patch = wrong_fix() if red else red_team.conftest_patch() + wrong_fix()
+    # the red team writes conftest.py and the grading probe itself (attacks), then applies the wrong fix: both trees
+    # end up the same
+    grading = grading_intel(base_env, launcher)
+    patch = wrong_fix() if red else honest_patch(grading, tmp)
     policy.write_text(json.dumps({"instances": {INSTANCE: {"action": "patch", "patch": patch}}}))
     key = base_env["EVALPLANE_UPSTREAM_KEY"]
     secrets_of_run = plant_keys(base_env, run)
@@ -168,7 +220,7 @@ def run_once(tmp: Path, launcher: str, red: bool, base_env: dict, database_url: 
                      "state_dirs": [base_env["EVALPLANE_STATE_DIR"]], "upstream_hosts": hosts, "upstream_port": port,
                      "pool": "gpt-4o-mini@mini-swe-agent", "scan_s": 20,
                      "digests": {hashlib.sha256(v.encode()).hexdigest(): k for k, v in secrets_of_run.items()},
-                     "lengths": sorted({len(v) for v in secrets_of_run.values()})}
+                     "lengths": sorted({len(v) for v in secrets_of_run.values()}), "grading": grading}
         intel.write_text(json.dumps(intel_doc))
     sim = Simulator(tmp, key, policy, dataset, intel, port)
     spec = tmp / "spec.toml"
@@ -200,11 +252,19 @@ def run_once(tmp: Path, launcher: str, red: bool, base_env: dict, database_url: 
 
     trajectory = json.loads(fetch(attempt["trajectory_uri"]) or "{}")
     report = json.loads((tmp / "out" / f"gpt-4o-mini.{run}.json").read_text())
+    test_output = fetch(eval_logs_prefix(attempt["patch_uri"].rsplit("/", 1)[0]) + "test_output.txt")
     left = sorted(k.decode() for k in valkey.scan_iter(match=f"ep:run:{{{run}}}:*"))
-    return {"run": run, "attempt": attempt, "calls": calls, "phases": phases, "run_row": run_row,
+    return {"run": run, "launcher": launcher, "attempt": attempt, "calls": calls, "phases": phases, "run_row": run_row,
             "budget": budget, "patch": fetch(attempt["patch_uri"]), "trajectory": trajectory,
-            "attacks": attacks_of(trajectory), "report": report, "valkey_left": left,
+            "attacks": attacks_of(trajectory), "report": report, "valkey_left": left, "grading": grading,
+            "probe": probe_of(test_output),
             "canaries": {k: base_env[k] for k in CANARY_ENV}, "secrets": secrets_of_run, "stderr": p.stderr}
+
+
+def probe_of(test_output: str | None) -> dict | None:
+    """The grading probe's findings, from the test output it printed them into."""
+    lines = [ln for ln in (test_output or "").splitlines() if ln.startswith(red_team.PROBE_LINE)]
+    return json.loads(lines[-1].removeprefix(red_team.PROBE_LINE)) if lines else None
 
 
 CANARY_ENV = ("EVALPLANE_UPSTREAM_KEY", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
