@@ -98,6 +98,11 @@ def worker_main(argv: list[str]) -> int:
     if args.backend == "docker":
         backend = _docker_backend(args.database_url, args.registry, args.require_pinned, args.package_index)
     else:
+        from eval_worker.sandbox import confinement_problem
+
+        if problem := confinement_problem():
+            print(f"--backend process: {problem}", file=sys.stderr)
+            return 2
         backend = ProcessBackend(root=args.sandbox_root, keep=args.keep_sandboxes, recipes=_recipes(args.environments))
     from contract import signing
 

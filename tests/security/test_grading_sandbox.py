@@ -4,11 +4,13 @@ Needs root (what the backend needs); under CI a non-root runner fails, never ski
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import pwd
 import shlex
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -93,7 +95,7 @@ def test_the_eval_runs_as_the_grader_alone_with_no_network_and_nothing_of_ours(s
     for name in ("state key", "project source", "worker interpreter"):
         assert seen[f"read {name}"] in ("FileNotFoundError", "PermissionError"), (name, seen[f"read {name}"])
         assert not seen[f"write {name}"].startswith("ok"), name
-    listed = eval(seen["read state folder"].removeprefix("ok: "))  # noqa: S307  (a list's repr, from our probe)
+    listed = ast.literal_eval(seen["read state folder"].removeprefix("ok: "))
     assert set(listed) <= {"grading-envs", "wheels"}, listed
     assert not seen["write state folder"].startswith("ok")
     assert seen["read etc"].startswith("ok") and not seen["write etc"].startswith("ok")  # /etc: read-only
@@ -107,3 +109,14 @@ def _exists(user: str) -> bool:
         return True
     except KeyError:
         return False
+
+
+def test_a_worker_that_cannot_confine_the_eval_refuses_to_start_naming_why(sandbox):
+    from dispatcher.launchers.process import ensure_agent_user
+
+    agent = ensure_agent_user()  # any user but root: the agent's is at hand
+    p = subprocess.run(agent.argv([sys.executable, "-m", "eval_worker", "--queue", "http://sqs.example.invalid/q",
+                                   "--backend", "process"], ROOT), cwd="/", capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin"}, timeout=60, check=False)
+    assert p.returncode == 2, p.stderr
+    assert "--backend process:" in p.stderr and "needs root" in p.stderr and "docker" in p.stderr, p.stderr
