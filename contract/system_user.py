@@ -6,6 +6,7 @@ script on the process grading backend (eval_worker/sandbox.py). Both are made by
 
 from __future__ import annotations
 
+import os
 import pwd
 import subprocess
 from pathlib import Path
@@ -26,3 +27,11 @@ def ensure(name: str) -> pwd.struct_passwd:
         if p.returncode != 0:
             raise SystemUserError(f"no user {name} on this host and {SCRIPT} {name} failed: {p.stderr.strip()}") from None
         return pwd.getpwnam(name)
+
+
+def give(path: Path, uid: int, gid: int) -> None:
+    """path and everything under it owned by uid:gid (links themselves, never what they point to)."""
+    os.lchown(path, uid, gid)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.lchown(os.path.join(root, name), uid, gid)

@@ -404,9 +404,7 @@ class ProcessBackend:
                 )
                 if r.returncode != 0:
                     raise SandboxError(f"{' '.join(args[:3])} failed ({r.returncode}): {r.stderr.strip()}")
-            for d, dirs, files in os.walk(sb.testbed):  # the grading's from here on
-                for name in [d, *(os.path.join(d, n) for n in dirs + files)]:
-                    os.lchown(name, *owner)
+            system_user.give(sb.testbed, *owner)  # the grading's from here on
             if environment is not None and not installs_packages(instance["eval_script"]):
                 # what an instance image's build did: the repository installed into testbed (an eval script
                 # that reinstalls it would only repeat this)

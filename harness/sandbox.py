@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract import system_user
+
 AGENT_USER = "evalplane-agent"
 AGENT_UID = 10001  # fixed, so that files the agent leaves in a task image have one known owner
 ISOLATE_ENV = "EVALPLANE_ISOLATE_AGENT"  # "0": the spec opted out (backend.isolate_agent = false, unsafe)
@@ -88,10 +90,7 @@ class Agent:
 
     def own(self, path: Path) -> None:
         """path and everything under it owned by the agent (links themselves, never what they point to)."""
-        os.lchown(path, self.uid, self.gid)
-        for root, dirs, files in os.walk(path):
-            for name in dirs + files:
-                os.lchown(os.path.join(root, name), self.uid, self.gid)
+        system_user.give(path, self.uid, self.gid)
 
 
 def agent_user(create: bool = False) -> Agent:
