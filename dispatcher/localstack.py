@@ -52,18 +52,18 @@ def _serves_s3(endpoint: str) -> bool:
         return False
 
 
-def _daemon(name: str, argv: list[str], host: str, port: int, serves) -> None:
+def _daemon(name: str, what: str, argv: list[str], host: str, port: int, port_env: str, serves) -> None:
     """argv as a daemon of this checkout's (pid file and log <name>.pid/.log in the state folder) answering on
     host:port, unless one that serves() already does; one that answers but does not serve is restarted when it is
-    ours (e.g. left by a checkout since deleted, whose imports fail), else refused."""
+    ours (e.g. left by a checkout since deleted, whose imports fail), else refused naming the port and `port_env`."""
     if _answers(host, port) and not serves():
         stop(name)
         deadline = time.monotonic() + 10
         while _answers(host, port) and time.monotonic() < deadline:
             time.sleep(0.1)
         if _answers(host, port):
-            raise RuntimeError(f"port {port} answers, but not as the {name} server, and it is not this checkout's "
-                               f"({state_dir() / (name + '.pid')}): stop it, or set another port")
+            raise RuntimeError(f"port {port} answers, but not as {what} server, and it is not this checkout's "
+                               f"{name} ({state_dir() / (name + '.pid')}): stop it, or set {port_env}")
     if not _answers(host, port):
         log = open(state_dir() / f"{name}.log", "ab")  # noqa: SIM115  (the daemon holds it)
         proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -83,8 +83,9 @@ def ensure_moto() -> str:
         return os.environ["AWS_ENDPOINT_URL"]
     endpoint = f"http://127.0.0.1:{MOTO_PORT}"
     # moto's server with its SQS message-loss race fixed (dispatcher.moto_server)
-    _daemon("moto", [sys.executable, "-m", "dispatcher.moto_server", "-H", "127.0.0.1", "-p", str(MOTO_PORT)],
-            "127.0.0.1", MOTO_PORT, lambda: _serves_s3(endpoint))
+    _daemon("moto", "an S3/SQS",
+            [sys.executable, "-m", "dispatcher.moto_server", "-H", "127.0.0.1", "-p", str(MOTO_PORT)],
+            "127.0.0.1", MOTO_PORT, "EVALPLANE_MOTO_PORT", lambda: _serves_s3(endpoint))
     os.environ["AWS_ENDPOINT_URL"] = endpoint
     return endpoint
 
@@ -105,9 +106,9 @@ def ensure_package_index() -> str:
     url = package_index.url_for(host, INDEX_PORT)
     cache = state_dir() / "package-index"
     cache.mkdir(exist_ok=True)
-    _daemon("package-index", [sys.executable, "-m", "eval_worker.package_index", "--host", host, "--port",
-                              str(INDEX_PORT), "--cache-dir", str(cache)], host, INDEX_PORT,
-            lambda: package_index.available(url))
+    _daemon("package-index", "a package index",
+            [sys.executable, "-m", "eval_worker.package_index", "--host", host, "--port", str(INDEX_PORT),
+             "--cache-dir", str(cache)], host, INDEX_PORT, "EVALPLANE_INDEX_PORT", lambda: package_index.available(url))
     return url
 
 
