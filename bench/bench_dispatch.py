@@ -151,8 +151,8 @@ def _landing_ratio(writer_db: str, copy_db: str, sample: int, batches: int) -> d
     from contract import db
     from contract.models import AttemptRef, AttemptResult, Envelope
     from contract.signing import RunKeys
-    from dispatcher import resources
-    from dispatcher.writer import _ATTEMPT_COLUMNS, _CALL_COLUMNS, Incoming, ResultsWriter
+    from dispatcher.backends import resources
+    from dispatcher.driver.writer import _ATTEMPT_COLUMNS, _CALL_COLUMNS, Incoming, ResultsWriter
 
     run = f"landing-{uuid.uuid4().hex[:6]}"
     for url in (writer_db, copy_db):
@@ -248,8 +248,8 @@ def stand_in_alone(sample: int, batches: int) -> tuple[int, float]:
 
     from contract import aws, signing
     from contract.models import AttemptRef
-    from dispatcher.message_auth import RECEIVE_ATTRIBUTES
-    from dispatcher.writer import ResultsWriter
+    from dispatcher.driver.message_auth import RECEIVE_ATTRIBUTES
+    from dispatcher.driver.writer import ResultsWriter
 
     sqs = aws.client("sqs")
     url = sqs.create_queue(QueueName=f"standin-{uuid.uuid4().hex[:6]}", Attributes={"VisibilityTimeout": "120"})[
@@ -334,9 +334,10 @@ def main() -> int:
 
         from contract import aws, db
         from contract.signing import RunKeys
-        from dispatcher import localstack, resources
-        from dispatcher import run as runmod
-        from dispatcher.actors import PoolPacer, ResultsWriterActor
+        from dispatcher.backends import daemons
+        from dispatcher.backends import resources
+        from dispatcher.driver import loop as runmod
+        from dispatcher.driver.actors import PoolPacer, ResultsWriterActor
         from dispatcher.plan import make_plan
         from dispatcher.spec import load_spec
 
@@ -355,7 +356,7 @@ def main() -> int:
         key_files = (str(tmp / "run.key"), str(runmod.verdict_key_file()))
         run_keys = RunKeys.load(*key_files)
         valkey_url = os.environ.get("VALKEY_URL", "redis://127.0.0.1:6379/0")
-        aws_env = localstack.aws_env()
+        aws_env = daemons.aws_env()
         runmod.ray_init(False, aws_env)
         marks["ray up"] = time.perf_counter() - t0
         writers = [ResultsWriterActor.options(name=f"results-writer:{spec.run.name}:{i}").remote(

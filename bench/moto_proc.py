@@ -1,4 +1,4 @@
-"""The S3/SQS stand-in (moto's server, fixed: dispatcher/moto_server.py) as a subprocess on a free loopback port, for
+"""The S3/SQS stand-in (moto's server, fixed: dispatcher/backends/moto_server.py) as a subprocess on a free loopback port, for
 the benchmarks."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def start_moto(timeout_s: float = 30.0) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "dispatcher.moto_server", "-H", "127.0.0.1", "-p", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "dispatcher.backends.moto_server", "-H", "127.0.0.1", "-p", str(port)],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout_s
     while True:

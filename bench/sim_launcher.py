@@ -2,7 +2,7 @@
 without running a harness.
 
 Like real tasks, each signs its messages (the ledger batches, the result, the ledger copy) with its attempt's key,
-handed to it at launch (the driver side's attempt_env, as dispatcher/run.py gives real launchers): the results
+handed to it at launch (the driver side's attempt_env, as dispatcher/driver/loop.py gives real launchers): the results
 writer verifies them as it does a real fleet's.
 
 Each task, from its launch, for its harness time: keeps its progress key alive in Valkey (as harness/task.py's

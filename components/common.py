@@ -100,7 +100,7 @@ def logs_statements(log_group_arns: list[Any]) -> list[dict]:
     ]
 
 
-# The per-run queues, as dispatcher/resources.py names them: `<queuePrefix>ep-<run>-<kind>` (tests/infra checks that
+# The per-run queues, as dispatcher/backends/resources.py names them: `<queuePrefix>ep-<run>-<kind>` (tests/infra checks that
 # the dispatcher's names match these).
 RESULTS_QUEUES = "ep-*-results"  # tasks' ledger batches and results
 EVAL_QUEUES = "ep-*-eval"  # eval jobs

@@ -21,7 +21,7 @@ from components.common import (
 )
 from components.ec2 import AL2023_ECS_AMI, instance_profile, launch_template
 from contract import signing
-from dispatcher.launchers.egress import EGRESS_IMAGE_ENV
+from plumbing.egress import EGRESS_IMAGE_ENV
 from eval_worker.package_index import PACKAGE_INDEX_ENV
 
 

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from contract import db, task_shape
 from contract.models import AttemptRef
-from dispatcher import localstack
+from dispatcher.backends import daemons
 from dispatcher.launchers.process import agent_isolation_problem
 from dispatcher.plan import Plan, apply_validation, make_plan
 from dispatcher.spec import SpecError, load_spec
@@ -49,7 +49,7 @@ def _print_problems(err: Console, what: str, problems: dict[str, str]) -> None:
 
 def image_problems(plan: Plan) -> dict[str, str]:
     """What each instance lacks to run in its task image, without building anything: on AWS, its task image
-    recorded in the estate's registry; locally, its instance image (or a bundle to build a stand-in from)."""
+    recorded in the estate's registry; locally, its instance image (or a bundle to analytics a stand-in from)."""
     if not plan.in_task_images:
         return {}
     from dispatcher import images
@@ -114,7 +114,7 @@ def cmd_images(args, out: Console, err: Console) -> int:
                                               f"{t.instance_id}: {'built' if t.built else 'reused'} {t.ref}",
                                               markup=False, highlight=False, soft_wrap=True))
     table = Table(title=f"task images for {plan.spec.run.name} ({plan.spec.harness.name})")
-    for col in ("instance", "image (by digest)", "", "build s", "layers MB", "image MB"):
+    for col in ("instance", "image (by digest)", "", "analytics s", "layers MB", "image MB"):
         table.add_column(col, justify="right" if col.endswith(("s", "MB")) else "left")
     for iid, t in sorted(built.items()):
         table.add_row(iid, t.ref, "built" if t.built else "reused", f"{t.build_s:.1f}" if t.built else "-",
@@ -129,7 +129,7 @@ def cmd_images(args, out: Console, err: Console) -> int:
 
 
 def cmd_run(args, out: Console, err: Console) -> int:
-    from dispatcher.run import RunConflict, execute
+    from dispatcher.driver.loop import RunConflict, execute
 
     plan = _plan(args.spec, err)
     if plan is None:
@@ -149,7 +149,7 @@ def cmd_run(args, out: Console, err: Console) -> int:
     if plan.in_task_images:
         from dispatcher import images
 
-        with db.connect() as conn:  # locally, build what is missing (reusing the rest); on AWS, the build tier's
+        with db.connect() as conn:  # locally, analytics what is missing (reusing the rest); on AWS, the analytics tier's
             found, problems = images.for_plan(plan, conn, build=plan.spec.backend.kind == "local")
         if problems:
             _print_problems(err, "a task image", problems)
@@ -166,19 +166,20 @@ def cmd_run(args, out: Console, err: Console) -> int:
 
 
 def _report(plan: Plan, out_dir: str | None, out: Console) -> int:
-    from dispatcher import report, resources
+    from dispatcher import report
+    from dispatcher.backends import resources
 
     run = plan.spec.run.name
     with db.connect() as conn:
         attempts = report.fetch_attempts(conn, run)
     bucket = resources.DEFAULT_BUCKET
     if plan.spec.backend.kind == "aws":
-        from dispatcher.launchers.stack_outputs import StackOutputs
+        from dispatcher.backends.stack_outputs import StackOutputs
 
         bucket = StackOutputs.load(plan.spec.backend.stack_outputs).bucket
     else:
-        localstack.ensure_moto()
-    dest = Path(out_dir) if out_dir else localstack.state_dir() / "runs" / run / "results"
+        daemons.ensure_moto()
+    dest = Path(out_dir) if out_dir else daemons.state_dir() / "runs" / run / "results"
     files = report.write_outputs(run, attempts, list(plan.rows.values()), dest, plan.spec.run.attempts,
                                  lambda iid, n: resources.artifacts_prefix(
                                      bucket, AttemptRef(run=run, instance_id=iid, attempt=n)))
@@ -189,7 +190,7 @@ def _report(plan: Plan, out_dir: str | None, out: Console) -> int:
 def cmd_report(args, out: Console, err: Console) -> int:
     """A spec file: its run's official outputs again, then the report. A run name: the report (and the official
     outputs too where the run's stored spec still loads). --compare: the two runs side by side, paired."""
-    from dispatcher.report import build
+    from dispatcher.report import analytics
     from dispatcher.report.figures import NoSuchRun
     from dispatcher.spec import RUN_NAME
 
@@ -211,15 +212,15 @@ def cmd_report(args, out: Console, err: Console) -> int:
             plan = _stored_plan(conn, run, err)
     if plan is not None and not args.compare:
         _report(plan, args.out, out)
-    dest = Path(args.out) / "report" if args.out else localstack.state_dir() / (
+    dest = Path(args.out) / "report" if args.out else daemons.state_dir() / (
         f"reports/{run}-vs-{args.compare}" if args.compare else f"runs/{run}/report")
     with db.connect() as conn:
         try:
-            report, files = build.build(conn, run, dest, args.compare)
+            report, files = analytics.build(conn, run, dest, args.compare)
         except (NoSuchRun, ValueError) as e:
             err.print(f"[bold red]error:[/] {e}")
             return 1
-    build.print_summary(out, report, files)
+    analytics.print_summary(out, report, files)
     return 0
 
 
@@ -270,7 +271,7 @@ def cmd_judge(args, out: Console, err: Console) -> int:
         return EXIT_SPEC
     if backend == "aws" and not args.here:
         from dispatcher.judge.ecs import launch
-        from dispatcher.launchers.stack_outputs import StackOutputsError
+        from dispatcher.backends.stack_outputs import StackOutputsError
 
         try:
             arn = launch(spec["backend"]["stack_outputs"], args.run, judge_argv(args), rubric if args.rubric else None)
@@ -286,16 +287,16 @@ def cmd_judge(args, out: Console, err: Console) -> int:
             err.print(f"[bold red]error:[/] --api-key-env: environment variable {args.api_key_env} is not set")
             return EXIT_SPEC
     elif backend == "local":
-        from dispatcher.local_services import LocalServices
+        from dispatcher.backends.local_services import LocalServices
 
-        localstack.ensure_moto()
-        services = LocalServices(localstack.state_dir() / "runs" / args.run / "judge")
+        daemons.ensure_moto()
+        services = LocalServices(daemons.state_dir() / "runs" / args.run / "judge")
         upstream, key = services.simulator(["--policy", "judge"], "sk-judge-" + secrets.token_hex(16))
     else:
         err.print("[bold red]error:[/] --base-url is required for a run on AWS")
         return EXIT_SPEC
     settings = settings.model_copy(update={"upstream_url": upstream})
-    judge = JudgePass(args.run, rubric, settings, key, localstack.state_dir() / "judge", db.database_url())
+    judge = JudgePass(args.run, rubric, settings, key, daemons.state_dir() / "judge", db.database_url())
     try:
         summary = judge.run_pass()
     finally:  # a killed pass leaves its simulator to the next one (LocalServices finds it); a finished one stops it
@@ -360,8 +361,8 @@ def cmd_plan(args, out: Console, err: Console) -> int:
     import redis
 
     from contract import keys, pricing
-    from dispatcher.pacing import PacerPolicy
-    from dispatcher.planner import observe, predict
+    from dispatcher.driver.pacing import PacerPolicy
+    from dispatcher.driver.fleet import observe, predict
 
     plan = _plan(args.spec, err)
     if plan is None:
@@ -480,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="folder for predictions.jsonl and the report JSON")
     p = sub.add_parser("validate", help="check a spec without running anything")
     p.add_argument("spec")
-    p = sub.add_parser("images", help="build (or reuse) each instance's task image, push it, record its digest")
+    p = sub.add_parser("images", help="analytics (or reuse) each instance's task image, push it, record its digest")
     p.add_argument("spec")
     p.add_argument("--force", action="store_true", help="rebuild even where the inputs did not change")
     p = sub.add_parser("report", help="a run's report (figures, plots, HTML); with a spec, its official outputs too")

@@ -42,7 +42,7 @@ log = logging.getLogger("evalplane.images")
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK_DIR = ROOT / "images" / "task"
-RUNTIME_PACKAGES = ("contract", "harness", "shim")  # what the runtime carries of this project
+RUNTIME_PACKAGES = ("contract", "plumbing", "harness", "shim")  # what the runtime carries of this project
 RUNTIME_PYTHON = "3.11.2"  # Debian bookworm's python3.11 source package, which Dockerfile.runtime builds
 RUNTIME_REPOSITORY = "evalplane/task-runtime"
 HARNESS_REPOSITORY = "evalplane/task-harness"
@@ -440,7 +440,7 @@ class Target:
 def target(spec) -> Target:
     """The spec's registry, or on AWS the estate's ECR repository (the build tier pushes there)."""
     if spec.backend.kind == "aws":
-        from dispatcher.launchers.stack_outputs import StackOutputs
+        from dispatcher.backends.stack_outputs import StackOutputs
 
         url = StackOutputs.load(spec.backend.stack_outputs).task_images_repository_url  # <registry>/<repository>
         host, _, repo = url.partition("/")

@@ -44,7 +44,7 @@ from swebench.harness.utils import make_test_spec
 from swebench.types import TestSpec
 
 from contract.models import EvalJob, EvalOutcome, Verdict, utcnow
-from dispatcher.launchers.egress import EGRESS_IMAGE, EGRESS_IMAGE_ENV, Egress, EgressError
+from plumbing.egress import EGRESS_IMAGE, EGRESS_IMAGE_ENV, Egress, EgressError
 from eval_worker import package_index
 from eval_worker.cwd import in_directory
 from eval_worker.environments import installs_packages

@@ -7,7 +7,7 @@ proxpi (PyPI: `proxpi`) in front of the index this machine's pip is configured w
 the state folder. On AWS the estate runs the same proxy in its build tier and hands its URL to the eval workers
 (EVALPLANE_PACKAGE_INDEX; docs/infra.md).
 
-  python -m eval_worker.package_index --host H --port P    serve (dispatcher.localstack starts it as a daemon)
+  python -m eval_worker.package_index --host H --port P    serve (dispatcher.backends.daemons starts it as a daemon)
 """
 
 from __future__ import annotations

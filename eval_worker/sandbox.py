@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from contract import system_user
+from plumbing import system_user
 from eval_worker.environments import (
     RECIPES_FILE,
     GradingEnvironmentError,

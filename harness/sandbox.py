@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from contract import system_user
+from plumbing import system_user
 
 AGENT_USER = "evalplane-agent"
 AGENT_UID = 10001  # fixed, so that files the agent leaves in a task image have one known owner

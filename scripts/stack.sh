@@ -97,7 +97,7 @@ case "${1:-up}" in
     fi
     [ -f "$VALKEY_DIR/server.pid" ] && kill "$(cat "$VALKEY_DIR/server.pid")" 2>/dev/null || true
     rm -f "$ADMIN_URL_FILE"
-    .venv/bin/python -c 'from dispatcher import localstack; localstack.stop("moto"); localstack.stop("package-index")' || true
+    .venv/bin/python -c 'from dispatcher.backends import daemons; daemons.stop("moto"); daemons.stop("package-index")' || true
     ;;
   *) echo "usage: scripts/stack.sh up|down" >&2; exit 2 ;;
 esac

@@ -93,7 +93,7 @@ def moto_endpoint():
     """moto in server mode on loopback: S3 and SQS for everything that runs in other processes too."""
     from moto.server import ThreadedMotoServer
 
-    from dispatcher import moto_server
+    from dispatcher.backends import moto_server
 
     moto_server.patch()  # the stand-in the dispatcher runs: no message lost to moto's delete race
     port = free_port()

@@ -8,7 +8,7 @@ from __future__ import annotations
 from contract import aws
 from dispatcher.judge.rubric import Rubric
 from dispatcher.launchers.ecs import EcsTarget, started_by
-from dispatcher.launchers.stack_outputs import StackOutputs
+from dispatcher.backends.stack_outputs import StackOutputs
 
 CONTAINER = "judge"  # the container name in the judge task definition
 

@@ -17,7 +17,7 @@ import docker.errors
 
 from contract.models import AttemptRef
 from dispatcher.launchers.base import AttemptEnv, LaunchMeter, TaskHandle, no_attempt_env
-from dispatcher.launchers.egress import EGRESS_IMAGE, Egress
+from plumbing.egress import EGRESS_IMAGE, Egress
 
 L_ROLE, L_RUN, L_INSTANCE, L_ATTEMPT = "evalplane.role", "evalplane.run", "evalplane.instance", "evalplane.attempt"
 

@@ -35,14 +35,14 @@ from botocore.exceptions import ClientError
 from contract import task_shape
 from contract.models import AttemptRef
 from dispatcher.launchers.base import AttemptEnv, LaunchMeter, TaskHandle, no_attempt_env
-from dispatcher.launchers.stack_outputs import StackOutputs
+from dispatcher.backends.stack_outputs import StackOutputs
 from dispatcher.launchers.task_definitions import (
     PgRevisionCache,
     RevisionCache,
     TaskImageError,
     TaskImageRevisions,
 )
-from dispatcher.launchers.token_bucket import TokenBucket
+from plumbing.token_bucket import TokenBucket
 
 log = logging.getLogger("evalplane.launchers.ecs")
 

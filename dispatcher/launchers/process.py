@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from contract import system_user
+from plumbing import system_user
 from contract.models import AttemptRef
 from dispatcher.launchers.base import AttemptEnv, LaunchMeter, TaskHandle, no_attempt_env
 from harness import sandbox

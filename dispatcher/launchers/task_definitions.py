@@ -20,7 +20,7 @@ import botocore.session
 import psycopg
 
 from contract import db
-from dispatcher.launchers.token_bucket import TokenBucket
+from plumbing.token_bucket import TokenBucket
 
 DIGEST_REF = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
 T_TEMPLATE, T_IMAGE_DIGEST = "evalplane:template", "evalplane:image-digest"

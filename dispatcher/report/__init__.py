@@ -6,7 +6,7 @@ stats.py: pass@k, bootstrap intervals, the paired comparison and McNemar's test;
 and the one self-contained HTML file (`python -m dispatcher report RUN [--compare RUN_B]`).
 """
 
-from dispatcher.report.official import (
+from dispatcher.report.outputs import (
     STATUS_ORDER,
     fetch_attempts,
     infra_reason,

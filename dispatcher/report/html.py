@@ -9,7 +9,7 @@ from pathlib import Path
 import jinja2
 
 from dispatcher.report.figures import RunFigures
-from dispatcher.report.official import STATUS_ORDER
+from dispatcher.report.outputs import STATUS_ORDER
 from dispatcher.report.stats import PairedDifference, PassAtK
 
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("dispatcher.report", "templates"),

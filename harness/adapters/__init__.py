@@ -1,43 +1,27 @@
 """Harness adapters by name: one module per harness (the layout is in harness/adapters/base.py's docstring).
 
-A spec's `harness.name` is a key of ADAPTERS, or a dotted path "package.module:Class" to an adapter class kept
-elsewhere (it must be importable inside the task image too)."""
+A spec's `harness.name` is a name registered here, or a dotted path "package.module:Class" to an adapter class kept
+elsewhere (it must be importable inside the task image too). Adding a harness: its module, and one line below.
+"""
 
 from __future__ import annotations
 
-import importlib
-
-from harness.adapters.aider import Aider
 from harness.adapters.base import Cap, HarnessAdapter, HarnessRun, HarnessSettings
-from harness.adapters.claude_code import ClaudeCode
-from harness.adapters.codex import Codex
-from harness.adapters.mini_swe_agent import MiniSweAgent
-from harness.adapters.opencode import Opencode
-from harness.adapters.openhands import OpenHands
+from plumbing.registry import Registry, UnknownName
 
-ADAPTERS: dict[str, type[HarnessAdapter]] = {
-    a.name: a for a in (MiniSweAgent, ClaudeCode, Codex, Opencode, Aider, OpenHands)
-}
+ADAPTERS: Registry[type[HarnessAdapter]] = Registry("harness", base=HarnessAdapter)
+ADAPTERS.register("mini-swe-agent", "harness.adapters.mini_swe_agent:MiniSweAgent")
+ADAPTERS.register("claude-code", "harness.adapters.claude_code:ClaudeCode")
+ADAPTERS.register("codex", "harness.adapters.codex:Codex")
+ADAPTERS.register("opencode", "harness.adapters.opencode:Opencode")
+ADAPTERS.register("aider", "harness.adapters.aider:Aider")
+ADAPTERS.register("openhands", "harness.adapters.openhands:OpenHands")
 
-
-class UnknownHarness(LookupError):
-    """The name is neither a registered harness nor an importable "package.module:Class" adapter."""
+UnknownHarness = UnknownName  # the name callers catch
 
 
 def load_adapter(name: str) -> type[HarnessAdapter]:
-    if name in ADAPTERS:
-        return ADAPTERS[name]
-    if ":" not in name:
-        raise UnknownHarness(f"unknown harness {name!r}: one of {', '.join(sorted(ADAPTERS))}, "
-                             "or a dotted path 'package.module:Class'")
-    module, _, attr = name.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise UnknownHarness(f"harness {name!r} cannot be loaded: {e}") from None
-    if not (isinstance(cls, type) and issubclass(cls, HarnessAdapter)):
-        raise UnknownHarness(f"harness {name!r} is not a HarnessAdapter subclass")
-    return cls
+    return ADAPTERS.get(name)
 
 
 __all__ = ["ADAPTERS", "Cap", "HarnessAdapter", "HarnessRun", "HarnessSettings", "UnknownHarness", "load_adapter"]

@@ -21,7 +21,7 @@ from shim.progress import Progress
 
 @pytest.fixture
 def two_runs(valkey_url, valkey, unique):
-    """Two runs on one pool, each with its own user, as dispatcher.run makes them; both removed at the end."""
+    """Two runs on one pool, each with its own user, as dispatcher.driver.loop makes them; both removed at the end."""
     pool = f"{unique}-pool"
     runs = {}
     for n in ("a", "b"):

@@ -160,7 +160,7 @@ def test_the_report_of_the_demo_run(watched, browser, database_url):
 
 
 def test_the_judge_reads_the_demo_runs_trajectories(watched, database_url):
-    from dispatcher.local_services import LocalServices
+    from dispatcher.backends.local_services import LocalServices
 
     try:
         p = subprocess.run([sys.executable, "-m", "dispatcher", "judge", watched["run"]], env=watched["env"],

@@ -1,4 +1,4 @@
-"""The dispatcher's live view (dispatcher/live.py) and the dashboard's reading of it (dispatcher/dashboard/view.py,
+"""The dispatcher's live view (dispatcher/dashboard/live.py) and the dashboard's reading of it (dispatcher/dashboard/view.py,
 app.py) against the real Valkey and PostgreSQL: the shims' keys are written here as the shim writes them
 (contract.keys; shim/caps.py's holds), the dispatcher's by LiveRun itself."""
 
@@ -22,9 +22,9 @@ from rich.console import Console
 from contract import keys
 from dispatcher.dashboard.app import start
 from dispatcher.dashboard.view import ValkeyLiveSource
-from dispatcher.live import LiveRun, start_live
+from dispatcher.dashboard.live import LiveRun, start_live
 from dispatcher.plan import make_plan
-from dispatcher.progress import Progress, eta_s
+from dispatcher.driver.progress import Progress, eta_s
 from dispatcher.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]

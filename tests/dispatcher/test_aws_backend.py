@@ -1,5 +1,5 @@
 """backend = "aws" as the dispatcher drives it, against moto in server mode: the per-run resources and the ECS
-launcher come from the Pulumi stack-outputs file exactly as dispatcher/run.py builds them (`resources.ensure` on the
+launcher come from the Pulumi stack-outputs file exactly as dispatcher/driver/loop.py builds them (`resources.ensure` on the
 stack's bucket and queue prefix, `EcsLauncher.from_stack_outputs(outputs)` with nothing else: the region and
 endpoint from the environment, task-image revisions cached in DATABASE_URL). Eval workers are EC2 RunTasks handed
 their run's eval queue; each harness attempt is a Fargate RunTask of its task image's revision carrying only its
@@ -7,7 +7,7 @@ job's URI in the stack's bucket; a restarted dispatcher finds them again, and a 
 (moto runs no containers: the tasks stay RUNNING until stopped.)
 
 The driver loop's side (job documents, landed rows, the cancel landing every attempt) runs the launcher through
-`launch(ref, job_uri, image)`; which task image each attempt gets is the plan's (dispatcher/run.py).
+`launch(ref, job_uri, image)`; which task image each attempt gets is the plan's (dispatcher/driver/loop.py).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from test_launcher_ecs import add_container_instance, estate, manual_progression
 
 from contract import task_shape
 from contract.models import AttemptRef
-from dispatcher import resources
+from dispatcher.backends import resources
 from dispatcher.launchers.ecs import EcsLauncher
-from dispatcher.launchers.stack_outputs import StackOutputs
+from dispatcher.backends.stack_outputs import StackOutputs
 
 SYNTHETIC = Path(__file__).resolve().parents[2] / "examples" / "synthetic"
 
@@ -78,7 +78,7 @@ def test_each_runtask_carries_its_own_attempts_key_and_nothing_else(estate, data
     """As run.py launches on AWS: the command override is the job's URI, the environment override only that
     attempt's signing key (its other secrets come from the task definition)."""
     from contract import signing
-    from dispatcher.run import attempt_env
+    from dispatcher.driver.loop import attempt_env
 
     outputs = StackOutputs.load(estate)
     launcher = EcsLauncher.from_stack_outputs(outputs, attempt_env=attempt_env(run_keys))

@@ -22,9 +22,9 @@ from botocore.exceptions import ClientError
 from contract import task_shape
 from contract.models import AttemptRef
 from dispatcher.launchers.ecs import PENDING, EcsLauncher, EcsTarget, exit_code, started_by
-from dispatcher.launchers.stack_outputs import StackOutputs, StackOutputsError
+from dispatcher.backends.stack_outputs import StackOutputs, StackOutputsError
 from dispatcher.launchers.task_definitions import PgRevisionCache, TaskImageError, register_fields
-from dispatcher.launchers.token_bucket import TokenBucket
+from plumbing.token_bucket import TokenBucket
 
 REGISTRY = "123456789012.dkr.ecr.us-east-1.amazonaws.com"
 

@@ -1,4 +1,4 @@
-"""The local backend's S3/SQS server (dispatcher/localstack.py): a working server on its port is reused; one that
+"""The local backend's S3/SQS server (dispatcher/backends/daemons.py): a working server on its port is reused; one that
 answers but does not serve S3 (a server left by a deleted checkout answers 500 to every call) is not."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from dispatcher import localstack
+from dispatcher.backends import daemons
 from tests.conftest import free_port
 
 
@@ -23,11 +23,11 @@ class Broken(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def local_port(monkeypatch, tmp_path):
     port = free_port()
-    monkeypatch.setattr(localstack, "MOTO_PORT", port)
+    monkeypatch.setattr(daemons, "MOTO_PORT", port)
     monkeypatch.setenv("EVALPLANE_STATE_DIR", str(tmp_path))
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     yield port
-    localstack.stop_moto()
+    daemons.stop_moto()
 
 
 def test_a_server_that_answers_but_does_not_serve_s3_is_refused_naming_the_port(local_port):
@@ -35,15 +35,15 @@ def test_a_server_that_answers_but_does_not_serve_s3_is_refused_naming_the_port(
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         with pytest.raises(RuntimeError, match=f"port {local_port} answers, but not as an S3/SQS server"):
-            localstack.ensure_moto()
+            daemons.ensure_moto()
     finally:
         server.shutdown()
         server.server_close()
 
 
 def test_its_own_server_is_started_then_reused(local_port, tmp_path, monkeypatch):
-    endpoint = localstack.ensure_moto()
-    assert endpoint == f"http://127.0.0.1:{local_port}" and localstack._serves_s3(endpoint)
+    endpoint = daemons.ensure_moto()
+    assert endpoint == f"http://127.0.0.1:{local_port}" and daemons._serves_s3(endpoint)
     pid = (tmp_path / "moto.pid").read_text()
     monkeypatch.delenv("AWS_ENDPOINT_URL")
-    assert localstack.ensure_moto() == endpoint and (tmp_path / "moto.pid").read_text() == pid  # not restarted
+    assert daemons.ensure_moto() == endpoint and (tmp_path / "moto.pid").read_text() == pid  # not restarted

@@ -1,4 +1,4 @@
-"""The results writer lands only what may land (dispatcher/message_auth.py), against the real PostgreSQL and moto:
+"""The results writer lands only what may land (dispatcher/driver/message_auth.py), against the real PostgreSQL and moto:
 a task holds its own attempt's key and can send to the results queue, so every forgery below is one a task could
 try; none lands, each is dead-lettered with its reason, and the genuine messages beside them land as before."""
 
@@ -28,8 +28,8 @@ from contract.models import (
     utcnow,
 )
 from contract.signing import REJECTED_ATTRIBUTE
-from dispatcher import resources
-from dispatcher.writer import ResultsWriter
+from dispatcher.backends import resources
+from dispatcher.driver.writer import ResultsWriter
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The pool-limit controller: discovery from real header names, decrease on 429s, recovery when quiet."""
 
-from dispatcher.pacing import PacerPolicy
+from dispatcher.driver.pacing import PacerPolicy
 
 
 def test_discovered_limits_from_anthropic_and_litellm_prefixed_headers():

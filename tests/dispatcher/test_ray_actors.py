@@ -11,8 +11,8 @@ import ray
 import redis
 
 from contract import keys
-from dispatcher import resources
-from dispatcher.actors import PoolPacer, ResultsWriterActor
+from dispatcher.backends import resources
+from dispatcher.driver.actors import PoolPacer, ResultsWriterActor
 
 
 @pytest.fixture(scope="module")

@@ -25,12 +25,13 @@ from contract.models import (
     Totals,
     utcnow,
 )
-from dispatcher import report, resources
-from dispatcher import run as runmod
+from dispatcher import report
+from dispatcher.backends import resources
+from dispatcher.driver import loop as runmod
 from dispatcher.launchers.base import TaskHandle
 from dispatcher.plan import make_plan
 from dispatcher.spec import load_spec
-from dispatcher.writer import ResultsWriter
+from dispatcher.driver.writer import ResultsWriter
 from harness import task
 
 SYNTHETIC = Path(__file__).resolve().parents[2] / "examples" / "synthetic"

@@ -17,7 +17,7 @@ from moto.sqs.models import Message, Queue, SQSBackend
 from tenacity import wait_none
 
 from contract import aws
-from dispatcher import moto_server
+from dispatcher.backends import moto_server
 
 
 class Gate:

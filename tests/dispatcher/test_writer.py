@@ -11,8 +11,8 @@ from contract.models import (
     AttemptLimits, AttemptRef, AttemptResult, CallRecord, Envelope, EvalJob, EvalOutcome, HarnessOutcome, HarnessRef,
     Job, LedgerBatch, ModelRef, Totals, Verdict, utcnow,
 )
-from dispatcher import resources
-from dispatcher.writer import ResultsWriter
+from dispatcher.backends import resources
+from dispatcher.driver.writer import ResultsWriter
 
 
 @pytest.fixture

@@ -91,12 +91,12 @@ def broken_row(docker_client, instances, eval_images):
 
 @pytest.fixture(scope="session")
 def package_index(docker_client) -> str:
-    """The project's package index, as the dispatcher starts it for docker gradings (dispatcher.localstack)."""
-    from dispatcher import localstack
+    """The project's package index, as the dispatcher starts it for docker gradings (dispatcher.backends.daemons)."""
+    from dispatcher.backends import daemons
     from eval_worker.package_index import available
 
-    url = localstack.ensure_package_index()
-    assert available(url), f"the package index at {url} does not serve (see {localstack.state_dir()}/package-index.log)"
+    url = daemons.ensure_package_index()
+    assert available(url), f"the package index at {url} does not serve (see {daemons.state_dir()}/package-index.log)"
     return url
 
 

@@ -11,7 +11,7 @@ import docker
 from ew_helpers import make_job, patch_from_edits
 
 from contract.models import EvalOutcome
-from dispatcher.launchers.egress import EGRESS_IMAGE, bridge_gateway
+from plumbing.egress import EGRESS_IMAGE, bridge_gateway
 from eval_worker.docker_backend import INDEX_DOWN, DockerBackend
 from eval_worker.grading import grade, infra_entry
 from eval_worker.layout import instance_log_dir
@@ -101,7 +101,7 @@ def test_with_the_index_down_it_is_infra_error_never_unresolved(docker_client, o
             assert v.outcome is EvalOutcome.INFRA_ERROR and not v.resolved, v
             assert v.report == infra_entry(INDEX_DOWN) and down in v.reason
     finally:
-        from dispatcher.launchers.egress import Egress
+        from plumbing.egress import Egress
 
         Egress(docker_client, backend.network, [], EGRESS_IMAGE, host_address=False).down()
     try:

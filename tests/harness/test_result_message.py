@@ -5,7 +5,7 @@ from datetime import timedelta
 
 from contract import aws
 from contract.models import AttemptRef, AttemptResult, CallRecord, Envelope, HarnessOutcome, utcnow
-from dispatcher import resources
+from dispatcher.backends import resources
 from harness import task
 
 

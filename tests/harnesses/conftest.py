@@ -143,7 +143,7 @@ class HarnessRun:
 def _network_down(name: str) -> None:
     import docker
 
-    from dispatcher.launchers.egress import Egress
+    from plumbing.egress import Egress
 
     Egress(docker.from_env(), name, [], "unused").down()
 

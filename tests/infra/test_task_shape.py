@@ -9,7 +9,7 @@ import boto3
 
 from contract import task_shape, valkey_auth
 from dispatcher.launchers.ecs import EcsLauncher
-from dispatcher.launchers.stack_outputs import StackOutputs
+from dispatcher.backends.stack_outputs import StackOutputs
 from dispatcher.launchers.task_definitions import derive_revision, register_fields
 
 DIGEST = "123456789012.dkr.ecr.us-east-1.amazonaws.com/evalplane/task-images@sha256:" + "ab" * 32

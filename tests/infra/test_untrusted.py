@@ -16,7 +16,7 @@ from botocore.exceptions import ClientError
 from components.common import EVAL_QUEUES, RESULTS_QUEUES, VERDICT_QUEUES
 from components.state import VALKEY_USERS
 from contract import signing, valkey_auth
-from dispatcher import resources
+from dispatcher.backends import resources
 
 
 def _containers(s, family: str) -> list[dict]:

@@ -110,7 +110,7 @@ def judge_calls(pg, run: str) -> list[tuple]:
 
 
 def stop_simulator(env, run: str) -> None:
-    from dispatcher.local_services import LocalServices
+    from dispatcher.backends.local_services import LocalServices
 
     d = Path(env["EVALPLANE_STATE_DIR"]) / "runs" / run / "judge"
     if d.exists():

@@ -62,18 +62,18 @@ def grading_intel(env: dict, launcher: str) -> dict:
     """What the grading probe tries (the same for the red-team and the honest run of a launcher, so that their trees
     are the same): the services of this host by every address grading could reach them at, the state folder's
     secrets, the folders it would write in (each must stay without its marker file on this host)."""
-    from dispatcher import localstack
+    from dispatcher.backends import daemons
 
     hosts = ["127.0.0.1", host_address()]
     if launcher == "docker":
         import docker
 
-        from dispatcher.launchers.egress import bridge_gateway
+        from plumbing.egress import bridge_gateway
 
         hosts += [bridge_gateway(docker.from_env()), "evalplane-tasks-egress"]  # the tasks' relays listen there
     state = env["EVALPLANE_STATE_DIR"]
     ports = [["postgres", urlsplit(env["DATABASE_URL"]).port or 5432], ["valkey", urlsplit(env["VALKEY_URL"]).port],
-             ["s3-sqs", urlsplit(env["AWS_ENDPOINT_URL"]).port], ["package-index", localstack.INDEX_PORT]]
+             ["s3-sqs", urlsplit(env["AWS_ENDPOINT_URL"]).port], ["package-index", daemons.INDEX_PORT]]
     return {"canary": red_team.CANARY_PATTERN, "hosts": hosts, "ports": ports,
             "secrets": [str(Path(state) / "keys" / "verdict.key"), "/proc/1/environ"],
             "scan": [state, str(ROOT), "/root"], "write": [state, str(ROOT), "/tmp", "/"],

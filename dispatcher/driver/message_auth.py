@@ -18,7 +18,7 @@ from typing import Any
 
 from contract import signing
 from contract.signing import REJECTED_ATTRIBUTE, SIG_ATTRIBUTE, RunKeys
-from dispatcher.resources import RunResources
+from dispatcher.backends.resources import RunResources
 
 log = logging.getLogger("evalplane.writer")
 

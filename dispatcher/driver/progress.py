@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from dispatcher.live import LiveRun
+    from dispatcher.dashboard.live import LiveRun
 
 STATUS_STYLE = {"RESOLVED": "green", "UNRESOLVED": "red", "EMPTY_PATCH": "yellow", "EVAL_ERROR": "magenta",
                 "INFRA_ERROR": "bright_red", "CANCELLED": "dim", "PATCH_READY": "cyan"}

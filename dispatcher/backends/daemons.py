@@ -82,9 +82,9 @@ def ensure_moto() -> str:
     if os.environ.get("AWS_ENDPOINT_URL"):
         return os.environ["AWS_ENDPOINT_URL"]
     endpoint = f"http://127.0.0.1:{MOTO_PORT}"
-    # moto's server with its SQS message-loss race fixed (dispatcher.moto_server)
+    # moto's server with its SQS message-loss race fixed (dispatcher.backends.moto_server)
     _daemon("moto", "an S3/SQS",
-            [sys.executable, "-m", "dispatcher.moto_server", "-H", "127.0.0.1", "-p", str(MOTO_PORT)],
+            [sys.executable, "-m", "dispatcher.backends.moto_server", "-H", "127.0.0.1", "-p", str(MOTO_PORT)],
             "127.0.0.1", MOTO_PORT, "EVALPLANE_MOTO_PORT", lambda: _serves_s3(endpoint))
     os.environ["AWS_ENDPOINT_URL"] = endpoint
     return endpoint
@@ -100,7 +100,7 @@ def ensure_package_index() -> str:
         return os.environ[package_index.PACKAGE_INDEX_ENV]
     import docker
 
-    from dispatcher.launchers.egress import bridge_gateway
+    from plumbing.egress import bridge_gateway
 
     host = bridge_gateway(docker.from_env())
     url = package_index.url_for(host, INDEX_PORT)

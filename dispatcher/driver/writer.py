@@ -48,8 +48,8 @@ from contract.models import (
     utcnow,
 )
 from contract.signing import RunKeys
-from dispatcher.message_auth import RECEIVE_ATTRIBUTES, MessageAuth, signature_of
-from dispatcher.resources import RunResources
+from dispatcher.driver.message_auth import RECEIVE_ATTRIBUTES, MessageAuth, signature_of
+from dispatcher.backends.resources import RunResources
 
 log = logging.getLogger("evalplane.writer")
 
@@ -163,7 +163,7 @@ class ResultsWriter:
 
     def __init__(self, res: RunResources, database_url: str, eval_timeout_s: float = 1800.0, *, keys: RunKeys):
         self.res = res
-        self.auth = MessageAuth(res, keys)  # what may land (dispatcher/message_auth.py)
+        self.auth = MessageAuth(res, keys)  # what may land (dispatcher/driver/message_auth.py)
         self.database_url = database_url
         self.eval_timeout_s = eval_timeout_s
         self.landed = {"ledger": 0, "attempt_result": 0, "verdict": 0}

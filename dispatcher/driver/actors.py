@@ -14,9 +14,9 @@ import redis
 
 from contract import keys
 from contract.signing import RunKeys
-from dispatcher.pacing import PacerPolicy, PacerState
-from dispatcher.resources import RunResources
-from dispatcher.writer import ResultsWriter
+from dispatcher.driver.pacing import PacerPolicy, PacerState
+from dispatcher.backends.resources import RunResources
+from dispatcher.driver.writer import ResultsWriter
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)

@@ -47,18 +47,19 @@ from contract.models import (
     utcnow,
 )
 from contract.signing import RunKeys
-from dispatcher import localstack, resources
-from dispatcher.actors import PoolPacer, ResultsWriterActor
+from dispatcher.backends import daemons
+from dispatcher.backends import resources
+from dispatcher.driver.actors import PoolPacer, ResultsWriterActor
 from dispatcher.launchers.base import TaskHandle
 from dispatcher.launchers.process import ProcessLauncher, local_task_env
 from harness.sandbox import ISOLATE_ENV
-from dispatcher.live import start_live
-from dispatcher.local_services import LocalServices
+from dispatcher.dashboard.live import start_live
+from dispatcher.backends.local_services import LocalServices
 from dispatcher.plan import Plan
-from dispatcher.planner import Planner, observe
-from dispatcher.progress import Progress
-from dispatcher.resources import RunResources
-from dispatcher.writer import ResultsWriter
+from dispatcher.driver.fleet import Planner, observe
+from dispatcher.driver.progress import Progress
+from dispatcher.backends.resources import RunResources
+from dispatcher.driver.writer import ResultsWriter
 from eval_worker import package_index
 
 log = logging.getLogger("evalplane.dispatcher")
@@ -161,7 +162,7 @@ def make_launcher(plan: Plan, run_dir: Path, task_env: dict[str, str], key: str,
                                isolate_agent=spec.backend.isolate_agent)
     from dispatcher.launchers.docker import DockerLauncher
 
-    aws_env = localstack.aws_env()
+    aws_env = daemons.aws_env()
     endpoints = sorted({v for k, v in aws_env.items() if k.startswith("AWS_ENDPOINT_URL")})
     env = aws_env | valkey_user | {UPSTREAM_KEY_ENV: key, "EVALPLANE_STATE_DIR": task_shape.STATE_DIR,
                                    ISOLATE_ENV: "1" if spec.backend.isolate_agent else "0"}
@@ -179,7 +180,7 @@ def attempt_env(run_keys: RunKeys):
 def verdict_key_file(outputs=None) -> Path:
     """The verdict key's 0600 file: locally made on first use; on AWS the estate's secret (the eval fleet's task
     definition holds the same one), copied here for the results writers."""
-    folder = localstack.state_dir() / "keys"
+    folder = daemons.state_dir() / "keys"
     folder.mkdir(mode=0o700, exist_ok=True)
     if outputs is None:
         return folder / "verdict.key"
@@ -241,21 +242,21 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
     if state == "finished":
         return state
 
-    run_dir = localstack.state_dir() / "runs" / run
+    run_dir = daemons.state_dir() / "runs" / run
     run_dir.mkdir(parents=True, exist_ok=True)
     workers: list[subprocess.Popen] = []
     services = LocalServices(run_dir)
     outputs = None
     if spec.backend.kind == "aws":
         from dispatcher.launchers.ecs import EcsLauncher
-        from dispatcher.launchers.stack_outputs import StackOutputs
+        from dispatcher.backends.stack_outputs import StackOutputs
 
         outputs = StackOutputs.load(spec.backend.stack_outputs)
         res = resources.ensure(run, bucket=outputs.bucket, queue_prefix=outputs.queue_prefix)
         valkey_url = os.environ.get("VALKEY_URL") or outputs.dispatcher_valkey_url()
-        aws_env = localstack.aws_env()
+        aws_env = daemons.aws_env()
     else:
-        localstack.ensure_moto()
+        daemons.ensure_moto()
         res = resources.ensure(run)
     # The run secret (attempt keys derive from it) and the verdict key: 0600 files the writers read; never a task's.
     key_files = (str(run_dir / "run.key"), str(verdict_key_file(outputs)))
@@ -278,16 +279,16 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
                     raise RuntimeError(f"model.api_key_env: environment variable {spec.model.api_key_env} is not set")
             else:
                 upstream, key = services.simulator(simulator_args(plan, run_dir), "sk-sim-" + secrets.token_hex(16))
-            aws_env = localstack.aws_env()
+            aws_env = daemons.aws_env()
             # Tasks: no database, no admin Valkey URL; the run's Valkey user, and (per attempt) its attempt key.
             valkey_user = run_valkey_user(valkey_admin, valkey_url, spec, run_keys)
             task_env = local_task_env({**aws_env, UPSTREAM_KEY_ENV: key, **valkey_user,
-                                       "EVALPLANE_STATE_DIR": str(localstack.state_dir())})
-            worker_env = local_task_env({**aws_env, "EVALPLANE_STATE_DIR": str(localstack.state_dir()),
+                                       "EVALPLANE_STATE_DIR": str(daemons.state_dir())})
+            worker_env = local_task_env({**aws_env, "EVALPLANE_STATE_DIR": str(daemons.state_dir()),
                                          "DATABASE_URL": db.database_url(),
                                          signing.VERDICT_KEY_ENV: run_keys.verdict_key.decode()})
             if spec.eval.backend == "docker":  # the one thing a grading container may reach
-                worker_env[package_index.PACKAGE_INDEX_ENV] = localstack.ensure_package_index()
+                worker_env[package_index.PACKAGE_INDEX_ENV] = daemons.ensure_package_index()
             workers = services.eval_workers(plan.spec.eval.workers, [
                 "--queue", res.eval_queue_url, "--logs-root", str(run_dir / "eval"), "--backend", spec.eval.backend],
                 worker_env)

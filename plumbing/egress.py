@@ -1,7 +1,7 @@
 """An internal Docker network whose only way out is an egress container (the local stand-in for VPC endpoints).
 
     task ──(internal network)──> egress container ──(default bridge)──> allowed endpoint
-                                  one TCP forwarder per allowed endpoint
+                                  one TCP relay per allowed endpoint
 
 * The network is `internal`: Docker gives it no route out. Docker still gives the host an address on its
   bridge, through which a container could reach any host port; one iptables rule (INPUT from that bridge:
@@ -30,10 +30,10 @@ from urllib.parse import urlsplit, urlunsplit
 import docker
 import docker.errors
 
-from dispatcher.launchers import forwarder
+from plumbing import relay
 
 LABEL = "evalplane.egress"
-EGRESS_IMAGE = "evalplane/debian:bookworm"  # any image with python3: the egress runs a standard-library forwarder
+EGRESS_IMAGE = "evalplane/debian:bookworm"  # any image with python3: the egress runs a standard-library relay
 EGRESS_IMAGE_ENV = "EVALPLANE_EGRESS_IMAGE"  # another such image (on AWS the eval worker's own)
 INHIBIT_IPV4 = "com.docker.network.bridge.inhibit_ipv4"
 
@@ -93,7 +93,7 @@ class Egress:
             used.add(port)
             self.listen[e] = port
         self.ip: str | None = None
-        self._relays: list[forwarder.Relay] = []
+        self._relays: list[relay.Relay] = []
 
     # ------------------------------------------------------------------ lifecycle
     def up(self) -> Egress:
@@ -155,7 +155,7 @@ class Egress:
         if not e.loopback:
             return e
         try:
-            self._relays.append(forwarder.Relay([(gateway, e.port, "127.0.0.1", e.port)]))
+            self._relays.append(relay.Relay([(gateway, e.port, "127.0.0.1", e.port)]))
         except OSError as err:
             if err.errno != errno.EADDRINUSE:
                 raise
@@ -198,7 +198,7 @@ class Egress:
                 raise docker.errors.NotFound("stale egress")
         except docker.errors.NotFound:
             c = self.client.containers.create(
-                self.image, entrypoint=["python3", "-c", inspect.getsource(forwarder), *routes],
+                self.image, entrypoint=["python3", "-c", inspect.getsource(relay), *routes],
                 name=self.egress_name, network="bridge", labels={LABEL: label}, detach=True,
                 restart_policy={"Name": "unless-stopped"}, user="65534:65534" if _unprivileged(routes) else None,
             )
@@ -212,5 +212,5 @@ class Egress:
 
 
 def _unprivileged(routes: list[str]) -> bool:
-    """Run the forwarder as nobody unless it has to listen on a port below 1024."""
+    """Run the relay as nobody unless it has to listen on a port below 1024."""
     return all(int(r.split("=")[0].rsplit(":", 1)[1]) >= 1024 for r in routes)

@@ -1,5 +1,5 @@
 """moto's server as the local S3/SQS stand-in, with its SQS queue's lost-message race fixed and its per-message
-scans of the whole queue removed: `python -m dispatcher.moto_server -H HOST -p PORT` (moto_server's own arguments).
+scans of the whole queue removed: `python -m dispatcher.backends.moto_server -H HOST -p PORT` (moto_server's own arguments).
 
 - The race: moto serves each request on its own thread, and its Queue.delete_message rebuilds the queue's message
   list from a snapshot without the lock SendMessage appends under. A message sent while a delete is rebuilding the

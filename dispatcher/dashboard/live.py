@@ -29,7 +29,7 @@ POOL_WINDOW_S = 60.0
 
 
 class DriverView(Protocol):
-    """What LiveRun reads from the driver loop (dispatcher.run.DriverLoop)."""
+    """What LiveRun reads from the driver loop (dispatcher.driver.loop.DriverLoop)."""
 
     target: int
     running: Mapping[AttemptRef, Any]  # values have .exit_code (None while the task runs)
@@ -193,7 +193,7 @@ class LiveRun:
 
 
 def start_live(valkey: redis.Redis, plan: Plan, loop: DriverView, valkey_url: str, console=None) -> LiveRun:
-    """The run's live view (dispatcher.run calls this once its driver loop exists); with backend.dashboard = true,
+    """The run's live view (dispatcher.driver.loop calls this once its driver loop exists); with backend.dashboard = true,
     the dashboard too, served from this process while the run goes."""
     live = LiveRun(valkey, plan, loop)
     if plan.spec.backend.dashboard:
