@@ -23,6 +23,14 @@ from components.common import (
     tags,
 )
 from components.ec2 import AL2023_AMI, instance_profile, launch_template
+from components.tiers import (
+    AutoscalingTierArgs,
+    TaskDefinitionArgs,
+    autoscaling_tier,
+    awslogs,
+    log_group,
+    task_definition,
+)
 from contract import task_shape, valkey_auth
 
 
@@ -52,9 +60,7 @@ class Judge(pulumi.ComponentResource):
         super().__init__("evalplane:judge:Judge", name, None, opts)
         p = args.prefix
         t = tags(p, "judge")
-        log_group = aws.cloudwatch.LogGroup(
-            f"{name}-logs", name=f"/{p}/judge", retention_in_days=args.log_retention_days, tags=t, opts=child(self)
-        )
+        logs = log_group(self, name, f"/{p}/judge", args.log_retention_days, t)
         # The judge calls the gateway under its own key and budget, never a run's.
         self.judge_key = aws.secretsmanager.Secret(
             f"{name}-key",
@@ -71,7 +77,7 @@ class Judge(pulumi.ComponentResource):
             "judge-exec",
             [
                 *ecr_pull_statements([args.platform_repo_arn]),
-                *logs_statements([log_group.arn]),
+                *logs_statements([logs.arn]),
                 statement(["secretsmanager:GetSecretValue"],
                           [args.aurora_secret_arn, self.judge_key.arn, args.valkey_secret_arn]),
                 statement(["kms:Decrypt"], [args.key_arn]),
@@ -87,7 +93,7 @@ class Judge(pulumi.ComponentResource):
             t,
         )
         containers = pulumi.Output.all(
-            args.platform_repo_url, log_group.name, region(), args.aurora_endpoint, args.gateway_url,
+            args.platform_repo_url, logs.name, region(), args.aurora_endpoint, args.gateway_url,
             args.aurora_secret_arn, self.judge_key.arn, args.valkey_secret_arn,
         ).apply(
             lambda a: json.dumps(
@@ -108,26 +114,23 @@ class Judge(pulumi.ComponentResource):
                             {"name": valkey_auth.USER_ENV, "valueFrom": f"{a[7]}:username::"},
                             {"name": valkey_auth.PASSWORD_ENV, "valueFrom": f"{a[7]}:password::"},
                         ],
-                        "logConfiguration": {
-                            "logDriver": "awslogs",
-                            "options": {"awslogs-group": a[1], "awslogs-region": a[2], "awslogs-stream-prefix": "judge"},
-                        },
+                        "logConfiguration": awslogs(a[1], a[2], "judge"),
                     }
                 ]
             )
         )
-        self.task_definition = aws.ecs.TaskDefinition(
-            f"{name}-task",
-            family=f"{p}-judge",
-            requires_compatibilities=["FARGATE"],
-            network_mode="awsvpc",
-            cpu=str(args.cpu),
-            memory=str(args.memory),
-            execution_role_arn=self.execution_role.arn,
-            task_role_arn=self.task_role.arn,
-            container_definitions=containers,
-            tags=t,
-            opts=child(self),
+        self.task_definition = task_definition(
+            self,
+            name,
+            TaskDefinitionArgs(
+                family=f"{p}-judge",
+                cpu=args.cpu,
+                memory=args.memory,
+                execution_role_arn=self.execution_role.arn,
+                task_role_arn=self.task_role.arn,
+                container_definitions=containers,
+            ),
+            t,
         )
         self.task_definition_arn = self.task_definition.arn
         self.register_outputs({"taskDefinitionArn": self.task_definition_arn})
@@ -173,9 +176,7 @@ class HeadNode(pulumi.ComponentResource):
         family_arns = [ecs_arn("task-definition", f"{f}:*") for f in args.task_families]
         task_arns = [ecs_arn("task", f"{c}/*") for c in (args.harness_cluster_name, args.eval_cluster_name)]
         clusters = [args.harness_cluster_arn, args.eval_cluster_arn]
-        log_group = aws.cloudwatch.LogGroup(
-            f"{name}-logs", name=f"/{p}/dispatcher", retention_in_days=args.log_retention_days, tags=t, opts=child(self)
-        )
+        logs = log_group(self, name, f"/{p}/dispatcher", args.log_retention_days, t)
         self.role = role_with_policy(
             self,
             f"{name}-role",
@@ -230,7 +231,7 @@ class HeadNode(pulumi.ComponentResource):
                 statement(["ecr:DescribeImages", "ecr:DescribeRepositories", "ecr:ListImages"], args.repo_arns),
                 statement(["secretsmanager:GetSecretValue"], args.secret_arns),
                 statement(["elasticache:Connect"], [args.valkey_arn]),
-                *logs_statements([log_group.arn]),
+                *logs_statements([logs.arn]),
             ],
             t,
         )
@@ -349,35 +350,29 @@ class BuildTier(pulumi.ComponentResource):
             ],
             t,
         )
-        profile = instance_profile(self, f"{name}-profile", role)
         script = (
             "#!/bin/bash\nset -euo pipefail\n"
             "dnf install -y docker git python3-pip\n"
             "systemctl enable --now docker\n"
             "usermod -aG docker ec2-user\n"
         )
-        self.launch_template = launch_template(
+        hosts = autoscaling_tier(
             self,
-            f"{name}-lt",
-            image_id=AL2023_AMI,
-            instance_type=args.instance_type,
-            sg_ids=[args.sg_id],
-            instance_profile_arn=profile.arn,
-            disk_gb=args.disk_gb,
-            script=script,
-            tier_tags=t,
+            name,
+            AutoscalingTierArgs(
+                asg_name=f"{p}-build",
+                role=role,
+                image_id=AL2023_AMI,
+                instance_type=args.instance_type,
+                max_instances=args.max_instances,
+                disk_gb=args.disk_gb,
+                subnet_ids=args.subnet_ids,
+                sg_id=args.sg_id,
+                script=script,
+            ),
+            t,
         )
-        self.asg = aws.autoscaling.Group(
-            f"{name}-asg",
-            name=f"{p}-build",
-            min_size=0,
-            max_size=args.max_instances,
-            desired_capacity=0,
-            vpc_zone_identifiers=args.subnet_ids,
-            launch_template={"id": self.launch_template.id, "version": "$Latest"},
-            tags=[{"key": k, "value": v, "propagate_at_launch": True} for k, v in t.items()],
-            opts=child(self, ignore_changes=["desiredCapacity"]),
-        )
+        self.launch_template, self.asg = hosts.launch_template, hosts.asg
         self.asg_name = self.asg.name
         self.task_images_repo_arn = self.task_images.arn
         self.task_images_repo_url = self.task_images.repository_url

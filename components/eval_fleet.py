@@ -19,7 +19,17 @@ from components.common import (
     statement,
     tags,
 )
-from components.ec2 import AL2023_ECS_AMI, instance_profile, launch_template
+from components.ec2 import AL2023_ECS_AMI
+from components.tiers import (
+    AutoscalingTierArgs,
+    EcsCapacity,
+    TaskDefinitionArgs,
+    autoscaling_tier,
+    awslogs,
+    ecs_cluster,
+    log_group,
+    task_definition,
+)
 from contract import signing
 from plumbing.egress import EGRESS_IMAGE_ENV
 from eval_worker.package_index import PACKAGE_INDEX_ENV
@@ -55,13 +65,7 @@ class EvalFleet(pulumi.ComponentResource):
         t = tags(p, "eval")
         cluster_name = f"{p}-eval"
 
-        self.cluster = aws.ecs.Cluster(
-            f"{name}-cluster",
-            name=cluster_name,
-            settings=[{"name": "containerInsights", "value": "enabled"}],
-            tags=t,
-            opts=child(self),
-        )
+        self.cluster = ecs_cluster(self, name, cluster_name, t)
         container_instances = pulumi.Output.concat(
             "arn:aws:ecs:", region(), ":", account_id(), ":container-instance/", cluster_name, "/*"
         )
@@ -90,7 +94,6 @@ class EvalFleet(pulumi.ComponentResource):
             ],
             t,
         )
-        profile = instance_profile(self, f"{name}-instance-profile", instance_role)
         script = (
             "#!/bin/bash\nset -euo pipefail\ncat >> /etc/ecs/ecs.config <<'EOF'\n"
             f"ECS_CLUSTER={cluster_name}\n"
@@ -100,53 +103,28 @@ class EvalFleet(pulumi.ComponentResource):
             "ECS_IMAGE_MINIMUM_CLEANUP_AGE=2h\n"
             "EOF\n"
         )
-        self.launch_template = launch_template(
+        hosts = autoscaling_tier(
             self,
-            f"{name}-lt",
-            image_id=AL2023_ECS_AMI,
-            instance_type=args.instance_type,
-            sg_ids=[args.sg_id],
-            instance_profile_arn=profile.arn,
-            disk_gb=args.disk_gb,
-            script=script,
-            tier_tags=t,
+            name,
+            AutoscalingTierArgs(
+                asg_name=f"{p}-eval",
+                role=instance_role,
+                image_id=AL2023_ECS_AMI,
+                instance_type=args.instance_type,
+                max_instances=args.max_instances,
+                disk_gb=args.disk_gb,
+                subnet_ids=args.subnet_ids,
+                sg_id=args.sg_id,
+                script=script,
+                profile_suffix="instance-profile",
+                ecs=EcsCapacity(cluster=self.cluster, provider_name=f"{p}-eval-asg"),
+            ),
+            t,
         )
-        self.asg = aws.autoscaling.Group(
-            f"{name}-asg",
-            name=f"{p}-eval",
-            min_size=0,
-            max_size=args.max_instances,
-            vpc_zone_identifiers=args.subnet_ids,
-            launch_template={"id": self.launch_template.id, "version": "$Latest"},
-            protect_from_scale_in=False,
-            tags=[
-                {"key": "AmazonECSManaged", "value": "true", "propagate_at_launch": True},
-                *[{"key": k, "value": v, "propagate_at_launch": True} for k, v in t.items()],
-            ],
-            opts=child(self, ignore_changes=["desiredCapacity"]),
-        )
-        self.capacity_provider = aws.ecs.CapacityProvider(
-            f"{name}-cp",
-            name=f"{p}-eval-asg",
-            auto_scaling_group_provider={
-                "auto_scaling_group_arn": self.asg.arn,
-                "managed_termination_protection": "DISABLED",
-                "managed_scaling": {"status": "ENABLED", "target_capacity": 100, "maximum_scaling_step_size": 10},
-            },
-            tags=t,
-            opts=child(self),
-        )
-        cps = aws.ecs.ClusterCapacityProviders(
-            f"{name}-capacity",
-            cluster_name=self.cluster.name,
-            capacity_providers=[self.capacity_provider.name],
-            default_capacity_provider_strategies=[{"capacity_provider": self.capacity_provider.name, "weight": 1}],
-            opts=child(self),
-        )
+        self.launch_template, self.asg = hosts.launch_template, hosts.asg
+        self.capacity_provider = hosts.capacity_provider
 
-        self.log_group = aws.cloudwatch.LogGroup(
-            f"{name}-logs", name=f"/{p}/eval", retention_in_days=args.log_retention_days, tags=t, opts=child(self)
-        )
+        self.log_group = log_group(self, name, f"/{p}/eval", args.log_retention_days, t)
         self.execution_role = role_with_policy(
             self,
             f"{name}-exec-role",
@@ -185,27 +163,25 @@ class EvalFleet(pulumi.ComponentResource):
                         "environment": [{"name": PACKAGE_INDEX_ENV, "value": a[4]},
                                         {"name": EGRESS_IMAGE_ENV, "value": f"{a[0]}:{args.worker_image_tag}"}],
                         "secrets": [{"name": signing.VERDICT_KEY_ENV, "valueFrom": a[3]}],
-                        "logConfiguration": {
-                            "logDriver": "awslogs",
-                            "options": {"awslogs-group": a[1], "awslogs-region": a[2], "awslogs-stream-prefix": "eval"},
-                        },
+                        "logConfiguration": awslogs(a[1], a[2], "eval"),
                     }
                 ]
             )
         )
-        self.task_definition = aws.ecs.TaskDefinition(
-            f"{name}-task",
-            family=f"{p}-eval-worker",
-            requires_compatibilities=["EC2"],  # ADR-0012: Docker-in-Docker needs a real host
-            network_mode="bridge",
-            cpu=str(args.worker_cpu),
-            memory=str(args.worker_memory),
-            execution_role_arn=self.execution_role.arn,
-            task_role_arn=self.task_role.arn,
-            container_definitions=containers,
-            volumes=[{"name": "docker-sock", "host_path": "/var/run/docker.sock"}],
-            tags=t,
-            opts=child(self),
+        self.task_definition = task_definition(
+            self,
+            name,
+            TaskDefinitionArgs(
+                family=f"{p}-eval-worker",
+                cpu=args.worker_cpu,
+                memory=args.worker_memory,
+                execution_role_arn=self.execution_role.arn,
+                task_role_arn=self.task_role.arn,
+                container_definitions=containers,
+                launch="EC2",  # ADR-0012: Docker-in-Docker needs a real host (bridge networking)
+                volumes=[{"name": "docker-sock", "host_path": "/var/run/docker.sock"}],
+            ),
+            t,
         )
         self.service = aws.ecs.Service(
             f"{name}-service",
@@ -215,7 +191,7 @@ class EvalFleet(pulumi.ComponentResource):
             desired_count=0,  # the dispatcher scales it with the eval queue; the guard sets it back to 0
             capacity_provider_strategies=[{"capacity_provider": self.capacity_provider.name, "weight": 1}],
             tags=t,
-            opts=child(self, depends_on=[cps], ignore_changes=["desiredCount"]),
+            opts=child(self, depends_on=[hosts.cluster_capacity], ignore_changes=["desiredCount"]),
         )
         self.cluster_arn = self.cluster.arn
         self.asg_name = self.asg.name

@@ -12,9 +12,18 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from components.common import child, logs_statements, role_with_policy, statement, tags
+from components.common import child, logs_statements, region, role_with_policy, statement, tags
 from components.security import GATEWAY_LB_PORT, GATEWAY_TASK_PORT
 from components.state import CONFIG_PREFIX
+from components.tiers import (
+    FargateServiceArgs,
+    TaskDefinitionArgs,
+    awslogs,
+    ecs_cluster,
+    fargate_service,
+    log_group,
+    task_definition,
+)
 
 CONFIG_KEY = f"{CONFIG_PREFIX}gateway/litellm.yaml"
 BASE_CONFIG = """\
@@ -86,9 +95,7 @@ class Gateway(pulumi.ComponentResource):
             content_type="application/yaml",
             opts=child(self),
         )
-        log_group = aws.cloudwatch.LogGroup(
-            f"{name}-logs", name=f"/{p}/gateway", retention_in_days=args.log_retention_days, tags=t, opts=child(self)
-        )
+        logs = log_group(self, name, f"/{p}/gateway", args.log_retention_days, t)
         secret_arns = [self.provider_keys.arn, self.master_key.arn, args.aurora_secret_arn, args.valkey_secret_arn]
         self.execution_role = role_with_policy(
             self,
@@ -96,7 +103,7 @@ class Gateway(pulumi.ComponentResource):
             "ecs-tasks.amazonaws.com",
             "gateway-exec",
             [
-                *logs_statements([log_group.arn]),
+                *logs_statements([logs.arn]),
                 statement(["secretsmanager:GetSecretValue"], secret_arns),
                 statement(["kms:Decrypt"], [args.key_arn]),
             ],
@@ -114,16 +121,9 @@ class Gateway(pulumi.ComponentResource):
             t,
         )
 
-        self.cluster = aws.ecs.Cluster(
-            f"{name}-cluster",
-            name=f"{p}-gateway",
-            settings=[{"name": "containerInsights", "value": "enabled"}],
-            tags=t,
-            opts=child(self),
-        )
-        rgn = aws.get_region_output().region
+        self.cluster = ecs_cluster(self, name, f"{p}-gateway", t)
         container = pulumi.Output.all(
-            log_group.name, rgn, args.bucket_name, args.aurora_endpoint, args.valkey_endpoint,
+            logs.name, region(), args.bucket_name, args.aurora_endpoint, args.valkey_endpoint,
             self.provider_keys.arn, self.master_key.arn, args.aurora_secret_arn, args.valkey_secret_arn,
         ).apply(
             lambda a: json.dumps(
@@ -151,80 +151,47 @@ class Gateway(pulumi.ComponentResource):
                             {"name": "REDIS_USERNAME", "valueFrom": f"{a[8]}:username::"},
                             {"name": "REDIS_PASSWORD", "valueFrom": f"{a[8]}:password::"},
                         ],
-                        "logConfiguration": {
-                            "logDriver": "awslogs",
-                            "options": {"awslogs-group": a[0], "awslogs-region": a[1], "awslogs-stream-prefix": "gw"},
-                        },
+                        "logConfiguration": awslogs(a[0], a[1], "gw"),
                     }
                 ]
             )
         )
-        self.task_definition = aws.ecs.TaskDefinition(
-            f"{name}-task",
-            family=f"{p}-gateway",
-            requires_compatibilities=["FARGATE"],
-            network_mode="awsvpc",
-            cpu=str(args.cpu),
-            memory=str(args.memory),
-            execution_role_arn=self.execution_role.arn,
-            task_role_arn=self.task_role.arn,
-            container_definitions=container,
-            runtime_platform={"operating_system_family": "LINUX", "cpu_architecture": "X86_64"},
-            tags=t,
-            opts=child(self),
+        self.task_definition = task_definition(
+            self,
+            name,
+            TaskDefinitionArgs(
+                family=f"{p}-gateway",
+                cpu=args.cpu,
+                memory=args.memory,
+                execution_role_arn=self.execution_role.arn,
+                task_role_arn=self.task_role.arn,
+                container_definitions=container,
+                x86_linux=True,
+            ),
+            t,
         )
-
-        self.lb = aws.lb.LoadBalancer(
-            f"{name}-alb",
-            internal=True,
-            load_balancer_type="application",
-            subnets=args.subnet_ids,
-            security_groups=[args.lb_sg_id],
-            drop_invalid_header_fields=True,
-            idle_timeout=900,  # long model calls
-            tags=t,
-            opts=child(self),
+        svc = fargate_service(
+            self,
+            name,
+            FargateServiceArgs(
+                service_name=f"{p}-gateway",
+                cluster_arn=self.cluster.arn,
+                task_definition_arn=self.task_definition.arn,
+                container="litellm",
+                container_port=GATEWAY_TASK_PORT,
+                listener_port=GATEWAY_LB_PORT,
+                replicas=args.replicas,
+                subnet_ids=args.subnet_ids,
+                lb_sg_id=args.lb_sg_id,
+                task_sg_id=args.task_sg_id,
+                vpc_id=args.vpc_id,
+                health_check_path="/health/liveliness",
+                idle_timeout=900,  # long model calls
+                min_healthy_percent=50,
+            ),
+            t,
         )
-        self.target_group = aws.lb.TargetGroup(
-            f"{name}-tg",
-            port=GATEWAY_TASK_PORT,
-            protocol="HTTP",
-            target_type="ip",
-            vpc_id=args.vpc_id,
-            deregistration_delay=60,
-            health_check={"path": "/health/liveliness", "matcher": "200", "interval": 15},
-            tags=t,
-            opts=child(self),
-        )
-        listener = aws.lb.Listener(
-            f"{name}-listener",
-            load_balancer_arn=self.lb.arn,
-            port=GATEWAY_LB_PORT,
-            protocol="HTTP",
-            default_actions=[{"type": "forward", "target_group_arn": self.target_group.arn}],
-            opts=child(self),
-        )
-        self.service = aws.ecs.Service(
-            f"{name}-service",
-            name=f"{p}-gateway",
-            cluster=self.cluster.arn,
-            task_definition=self.task_definition.arn,
-            desired_count=args.replicas,
-            launch_type="FARGATE",
-            network_configuration={
-                "subnets": args.subnet_ids,
-                "security_groups": [args.task_sg_id],
-                "assign_public_ip": False,
-            },
-            load_balancers=[
-                {"target_group_arn": self.target_group.arn, "container_name": "litellm", "container_port": GATEWAY_TASK_PORT}
-            ],
-            deployment_minimum_healthy_percent=50,
-            deployment_maximum_percent=200,
-            deployment_circuit_breaker={"enable": True, "rollback": True},
-            tags=t,
-            opts=child(self, depends_on=[listener]),
-        )
+        self.lb, self.target_group, self.service = svc.lb, svc.target_group, svc.service
 
         self.url = pulumi.Output.concat("http://", self.lb.dns_name)
         self.cluster_arn = self.cluster.arn

@@ -10,6 +10,7 @@ import pulumi
 import pulumi_aws as aws
 
 from components.common import DEADLINE_TAG, account_id, child, region, role_with_policy, statement, tags
+from components.tiers import log_group
 
 GUARD_CODE = Path(__file__).with_name("guard_lambda.py")
 
@@ -38,9 +39,7 @@ class NightlyGuard(pulumi.ComponentResource):
         rgn, acct = region(), account_id()
         fn_name = f"{p}-nightly-guard"
 
-        log_group = aws.cloudwatch.LogGroup(
-            f"{name}-logs", name=f"/aws/lambda/{fn_name}", retention_in_days=30, tags=t, opts=child(self)
-        )
+        logs = log_group(self, name, f"/aws/lambda/{fn_name}", 30, t)
 
         def arn(svc: str, rest: str) -> pulumi.Output[str]:
             return pulumi.Output.concat(f"arn:aws:{svc}:", rgn, ":", acct, ":", rest)
@@ -64,7 +63,7 @@ class NightlyGuard(pulumi.ComponentResource):
                     [arn("autoscaling", f"autoScalingGroup:*:autoScalingGroupName/{g}") for g in args.asg_names],
                 ),
                 statement(["ec2:StopInstances"], [arn("ec2", pulumi.Output.concat("instance/", i)) for i in args.instance_ids]),
-                statement(["logs:CreateLogStream", "logs:PutLogEvents"], [pulumi.Output.concat(log_group.arn, ":*")]),
+                statement(["logs:CreateLogStream", "logs:PutLogEvents"], [pulumi.Output.concat(logs.arn, ":*")]),
             ],
             t,
         )
@@ -90,7 +89,7 @@ class NightlyGuard(pulumi.ComponentResource):
                 }
             },
             tags=t,
-            opts=child(self, depends_on=[log_group]),
+            opts=child(self, depends_on=[logs]),
         )
         scheduler_role = role_with_policy(
             self,

@@ -25,6 +25,7 @@ from components.common import (
     statement,
     tags,
 )
+from components.tiers import TaskDefinitionArgs, awslogs, ecs_cluster, log_group, task_definition
 from contract import task_shape, valkey_auth
 
 TEMPLATE_IMAGE_TAG = "template-placeholder"  # every launch registers a revision with its task image instead
@@ -56,13 +57,7 @@ class HarnessFleet(pulumi.ComponentResource):
         p = args.prefix
         t = tags(p, "harness")
 
-        self.cluster = aws.ecs.Cluster(
-            f"{name}-cluster",
-            name=f"{p}-harness",
-            settings=[{"name": "containerInsights", "value": "enabled"}],
-            tags=t,
-            opts=child(self),
-        )
+        self.cluster = ecs_cluster(self, name, f"{p}-harness", t)
         aws.ecs.ClusterCapacityProviders(
             f"{name}-capacity",
             cluster_name=self.cluster.name,
@@ -70,9 +65,7 @@ class HarnessFleet(pulumi.ComponentResource):
             default_capacity_provider_strategies=[{"capacity_provider": "FARGATE", "weight": 1, "base": 0}],
             opts=child(self),
         )
-        self.log_group = aws.cloudwatch.LogGroup(
-            f"{name}-logs", name=f"/{p}/harness", retention_in_days=args.log_retention_days, tags=t, opts=child(self)
-        )
+        self.log_group = log_group(self, name, f"/{p}/harness", args.log_retention_days, t)
         # The key tasks present upstream (a gateway virtual key): the task runner hands it to its shim alone.
         self.upstream_key = aws.secretsmanager.Secret(
             f"{name}-upstream-key",
@@ -110,21 +103,21 @@ class HarnessFleet(pulumi.ComponentResource):
         containers = pulumi.Output.all(
             args.task_images_repo_url, self.log_group.name, region(), self.upstream_key.arn, args.valkey_secret_arn
         ).apply(lambda a: json.dumps([task_container(f"{a[0]}:{TEMPLATE_IMAGE_TAG}", a[1], a[2], a[3], a[4])]))
-        self.task_definition = aws.ecs.TaskDefinition(
-            f"{name}-task",
-            family=f"{p}-harness",
-            requires_compatibilities=["FARGATE"],
-            network_mode="awsvpc",
-            cpu=str(args.cpu),
-            memory=str(args.memory),
-            ephemeral_storage={"size_in_gib": args.ephemeral_gb},
-            execution_role_arn=self.execution_role.arn,
-            task_role_arn=self.task_role.arn,
-            container_definitions=containers,
-            volumes=[{"name": STATE_VOLUME}],
-            runtime_platform={"operating_system_family": "LINUX", "cpu_architecture": "X86_64"},
-            tags=t,
-            opts=child(self),
+        self.task_definition = task_definition(
+            self,
+            name,
+            TaskDefinitionArgs(
+                family=f"{p}-harness",
+                cpu=args.cpu,
+                memory=args.memory,
+                execution_role_arn=self.execution_role.arn,
+                task_role_arn=self.task_role.arn,
+                container_definitions=containers,
+                ephemeral_gb=args.ephemeral_gb,
+                volumes=[{"name": STATE_VOLUME}],
+                x86_linux=True,
+            ),
+            t,
         )
         self.cluster_arn = self.cluster.arn
         self.task_definition_arn = self.task_definition.arn
@@ -160,8 +153,5 @@ def task_container(image: str, log_group: str, region_name: str, upstream_key_ar
         "mountPoints": [{"sourceVolume": STATE_VOLUME, "containerPath": task_shape.STATE_DIR, "readOnly": False}],
         "linuxParameters": {"initProcessEnabled": True},  # reaps what the agent's shell commands leave behind
         "stopTimeout": STOP_TIMEOUT_S,
-        "logConfiguration": {
-            "logDriver": "awslogs",
-            "options": {"awslogs-group": log_group, "awslogs-region": region_name, "awslogs-stream-prefix": "task"},
-        },
+        "logConfiguration": awslogs(log_group, region_name, "task"),
     }

@@ -15,10 +15,19 @@ import json
 from dataclasses import dataclass
 
 import pulumi
-import pulumi_aws as aws
 
-from components.common import child, ecr_pull_statements, logs_statements, region, role_with_policy, tags
+from components.common import ecr_pull_statements, logs_statements, region, role_with_policy, tags
 from components.security import PACKAGE_INDEX_LB_PORT, PACKAGE_INDEX_TASK_PORT
+from components.tiers import (
+    FargateServiceArgs,
+    ListenerRoute,
+    TaskDefinitionArgs,
+    awslogs,
+    ecs_cluster,
+    fargate_service,
+    log_group,
+    task_definition,
+)
 from eval_worker.package_index import DOWNLOAD_TIMEOUT_S, proxpi_settings
 
 INDEX_PATH = "/index/"  # proxpi's simple API
@@ -52,29 +61,20 @@ class PackageIndex(pulumi.ComponentResource):
         p = args.prefix
         t = tags(p, "package-index")
 
-        log_group = aws.cloudwatch.LogGroup(
-            f"{name}-logs", name=f"/{p}/package-index", retention_in_days=args.log_retention_days, tags=t,
-            opts=child(self),
-        )
+        logs = log_group(self, name, f"/{p}/package-index", args.log_retention_days, t)
         # Pull the image, write the logs; nothing else (and no task role at all).
         self.execution_role = role_with_policy(
             self,
             f"{name}-exec-role",
             "ecs-tasks.amazonaws.com",
             "package-index-exec",
-            [*ecr_pull_statements([args.platform_repo_arn]), *logs_statements([log_group.arn])],
+            [*ecr_pull_statements([args.platform_repo_arn]), *logs_statements([logs.arn])],
             t,
         )
-        self.cluster = aws.ecs.Cluster(
-            f"{name}-cluster",
-            name=f"{p}-package-index",
-            settings=[{"name": "containerInsights", "value": "enabled"}],
-            tags=t,
-            opts=child(self),
-        )
+        self.cluster = ecs_cluster(self, name, f"{p}-package-index", t)
         environment = [{"name": k, "value": v} for k, v in proxpi_settings(
             CACHE_DIR, args.upstream_url, cache_bytes=args.cache_gb * 1024**3).items()]
-        containers = pulumi.Output.all(args.platform_repo_url, log_group.name, region()).apply(
+        containers = pulumi.Output.all(args.platform_repo_url, logs.name, region()).apply(
             lambda a: json.dumps(
                 [
                     {
@@ -86,100 +86,55 @@ class PackageIndex(pulumi.ComponentResource):
                         "command": ["--bind", f"0.0.0.0:{PACKAGE_INDEX_TASK_PORT}", "--threads", str(args.threads)],
                         "environment": environment,
                         "mountPoints": [{"sourceVolume": "cache", "containerPath": CACHE_DIR, "readOnly": False}],
-                        "logConfiguration": {
-                            "logDriver": "awslogs",
-                            "options": {"awslogs-group": a[1], "awslogs-region": a[2], "awslogs-stream-prefix": "index"},
-                        },
+                        "logConfiguration": awslogs(a[1], a[2], "index"),
                     }
                 ]
             )
         )
-        self.task_definition = aws.ecs.TaskDefinition(
-            f"{name}-task",
-            family=f"{p}-package-index",
-            requires_compatibilities=["FARGATE"],
-            network_mode="awsvpc",
-            cpu=str(args.cpu),
-            memory=str(args.memory),
-            execution_role_arn=self.execution_role.arn,
-            container_definitions=containers,
-            ephemeral_storage={"size_in_gib": args.ephemeral_gb},
-            volumes=[{"name": "cache"}],
-            runtime_platform={"operating_system_family": "LINUX", "cpu_architecture": "X86_64"},
-            tags=t,
-            opts=child(self),
+        self.task_definition = task_definition(
+            self,
+            name,
+            TaskDefinitionArgs(
+                family=f"{p}-package-index",
+                cpu=args.cpu,
+                memory=args.memory,
+                execution_role_arn=self.execution_role.arn,
+                container_definitions=containers,
+                ephemeral_gb=args.ephemeral_gb,
+                volumes=[{"name": "cache"}],
+                x86_linux=True,
+            ),
+            t,
         )
-
-        self.lb = aws.lb.LoadBalancer(
-            f"{name}-alb",
-            internal=True,
-            load_balancer_type="application",
-            subnets=args.subnet_ids,
-            security_groups=[args.lb_sg_id],
-            drop_invalid_header_fields=True,
-            idle_timeout=DOWNLOAD_TIMEOUT_S + 60,  # a large file is fetched whole before its first byte is sent
-            tags=t,
-            opts=child(self),
+        svc = fargate_service(
+            self,
+            name,
+            FargateServiceArgs(
+                service_name=f"{p}-package-index",
+                cluster_arn=self.cluster.arn,
+                task_definition_arn=self.task_definition.arn,
+                container=CONTAINER,
+                container_port=PACKAGE_INDEX_TASK_PORT,
+                listener_port=PACKAGE_INDEX_LB_PORT,
+                replicas=args.replicas,
+                subnet_ids=args.subnet_ids,
+                lb_sg_id=args.lb_sg_id,
+                task_sg_id=args.task_sg_id,
+                vpc_id=args.vpc_id,
+                health_check_path="/",  # proxpi's home page: no upstream call
+                idle_timeout=DOWNLOAD_TIMEOUT_S + 60,  # a large file is fetched whole before its first byte is sent
+                min_healthy_percent=100,  # grading may be running: start the new task first
+                route=ListenerRoute(
+                    suffix="read",
+                    path_pattern=f"{INDEX_PATH}*",
+                    methods=["GET", "HEAD"],
+                    not_found_body="not a package index route",
+                ),
+            ),
+            t,
         )
-        self.target_group = aws.lb.TargetGroup(
-            f"{name}-tg",
-            port=PACKAGE_INDEX_TASK_PORT,
-            protocol="HTTP",
-            target_type="ip",
-            vpc_id=args.vpc_id,
-            deregistration_delay=60,
-            health_check={"path": "/", "matcher": "200", "interval": 15},  # proxpi's home page: no upstream call
-            tags=t,
-            opts=child(self),
-        )
-        self.listener = aws.lb.Listener(
-            f"{name}-listener",
-            load_balancer_arn=self.lb.arn,
-            port=PACKAGE_INDEX_LB_PORT,
-            protocol="HTTP",
-            default_actions=[
-                {
-                    "type": "fixed-response",
-                    "fixed_response": {"content_type": "text/plain", "status_code": "404",
-                                       "message_body": "not a package index route"},
-                }
-            ],
-            opts=child(self),
-        )
-        self.read_rule = aws.lb.ListenerRule(
-            f"{name}-read",
-            listener_arn=self.listener.arn,
-            priority=10,
-            conditions=[
-                {"path_pattern": {"values": [f"{INDEX_PATH}*"]}},
-                {"http_request_method": {"values": ["GET", "HEAD"]}},
-            ],
-            actions=[{"type": "forward", "target_group_arn": self.target_group.arn}],
-            tags=t,
-            opts=child(self),
-        )
-        self.service = aws.ecs.Service(
-            f"{name}-service",
-            name=f"{p}-package-index",
-            cluster=self.cluster.arn,
-            task_definition=self.task_definition.arn,
-            desired_count=args.replicas,
-            launch_type="FARGATE",
-            network_configuration={
-                "subnets": args.subnet_ids,
-                "security_groups": [args.task_sg_id],
-                "assign_public_ip": False,
-            },
-            load_balancers=[
-                {"target_group_arn": self.target_group.arn, "container_name": CONTAINER,
-                 "container_port": PACKAGE_INDEX_TASK_PORT}
-            ],
-            deployment_minimum_healthy_percent=100,  # grading may be running: start the new task first
-            deployment_maximum_percent=200,
-            deployment_circuit_breaker={"enable": True, "rollback": True},
-            tags=t,
-            opts=child(self, depends_on=[self.listener, self.read_rule]),
-        )
+        self.lb, self.target_group, self.listener, self.service = svc.lb, svc.target_group, svc.listener, svc.service
+        (self.read_rule,) = svc.rules
 
         self.url = pulumi.Output.concat("http://", self.lb.dns_name, INDEX_PATH)
         self.cluster_arn = self.cluster.arn

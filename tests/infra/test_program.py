@@ -9,10 +9,10 @@ from pathlib import Path
 import pulumi
 
 from components import estate
+from components.config import CONFIG_KEYS
 from policy import rules as R
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG_KEYS = re.findall(r'\b[sifbl]\w*\("([A-Za-z]+)"', (ROOT / "components/config.py").read_text())
 DOC = (ROOT / "docs/infra.md").read_text()
 
 
