@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal
 
 import typer
 
@@ -43,9 +43,9 @@ def write_outputs(plan: Plan, out_dir: str | None) -> None:
 
 
 def report(run_or_spec: RUN_OR_SPEC,
-           compare: Annotated[Optional[str], typer.Option(
+           compare: Annotated[str | None, typer.Option(
                metavar="RUN_B", help="compare with another run: paired, on their shared instances")] = None,
-           out_dir: Annotated[Optional[str], typer.Option(
+           out_dir: Annotated[str | None, typer.Option(
                "--out", help="folder for the outputs (the report goes to its report/ subfolder)")] = None) -> None:
     """A run's report (figures, pass@k, plots, one HTML file); with a spec, its official outputs too.
 
@@ -79,16 +79,16 @@ def report(run_or_spec: RUN_OR_SPEC,
 
 
 def judge(run_or_spec: RUN_OR_SPEC,
-          rubric: Annotated[Optional[str], typer.Option(
+          rubric: Annotated[str | None, typer.Option(
               help="a TOML rubric (or s3:// URI of one); default: solved, looked_outside, tampered_tests")] = None,
           provider: Annotated[Literal["openai", "anthropic"], typer.Option()] = "openai",
           model: Annotated[str, typer.Option(help="the judge's model (priced from LiteLLM's table)")] = "gpt-4o-mini",
-          base_url: Annotated[Optional[str], typer.Option(
+          base_url: Annotated[str | None, typer.Option(
               help="the gateway; unset with a local run: the provider simulator's judge policy")] = None,
           api_key_env: Annotated[str, typer.Option(help="env var with the judge's own provider key")]
           = task_shape.JUDGE_KEY_ENV,
           budget_usd: Annotated[float, typer.Option(help="the judge's own budget for the pass")] = 1.0,
-          attempt_usd: Annotated[Optional[float], typer.Option(help="a cap per judged trajectory")] = None,
+          attempt_usd: Annotated[float | None, typer.Option(help="a cap per judged trajectory")] = None,
           max_tokens: int = 1024,
           concurrency: int = 2,
           here: Annotated[bool, typer.Option(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -18,7 +18,7 @@ from dispatcher.spec import SpecError
 
 DASHBOARD_PORT = 8270  # dispatcher.dashboard.app.DEFAULT_PORT (not imported: aiohttp is not needed by every command)
 RUN_OR_SPEC = Annotated[str, typer.Argument(metavar="RUN_OR_SPEC", help=target.HELP, show_default=False)]
-OUT = Annotated[Optional[str], typer.Option("--out", help="folder for predictions.jsonl and the report JSON")]
+OUT = Annotated[str | None, typer.Option("--out", help="folder for predictions.jsonl and the report JSON")]
 
 
 def _drive(plan: Plan, source: str, out_dir: str | None) -> None:
@@ -89,7 +89,7 @@ def cancel(run_or_spec: RUN_OR_SPEC) -> None:
               " (run `resume` if no driver is running)")
 
 
-def status(run_or_spec: Annotated[Optional[str], typer.Argument(metavar="[RUN_OR_SPEC]", help=target.HELP)] = None
+def status(run_or_spec: Annotated[str | None, typer.Argument(metavar="[RUN_OR_SPEC]", help=target.HELP)] = None
            ) -> None:
     """List runs and their progress (every run, or the one named)."""
     run = target.resolve(run_or_spec).run if run_or_spec else None
@@ -105,7 +105,7 @@ def status(run_or_spec: Annotated[Optional[str], typer.Argument(metavar="[RUN_OR
 
 def dashboard(host: Annotated[str, typer.Option(help="the address to serve on")] = "127.0.0.1",
               port: Annotated[int, typer.Option(help=f"0 = any free port (default {DASHBOARD_PORT})")] = DASHBOARD_PORT,
-              port_file: Annotated[Optional[str], typer.Option(help="write the dashboard's URL here once it serves")]
+              port_file: Annotated[str | None, typer.Option(help="write the dashboard's URL here once it serves")]
               = None) -> None:
     """Serve the live dashboard (reads Valkey only).
 
