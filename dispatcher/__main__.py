@@ -2,4 +2,4 @@ import sys
 
 from dispatcher.cli import main
 
-sys.exit(main())
+sys.exit(main(prog_name="python -m dispatcher"))

@@ -1,0 +1,189 @@
+"""After a run: `report` (its figures, and the official outputs) and `judge` (a model's verdict per trajectory)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+
+from contract import db, task_shape
+from contract.models import AttemptRef
+from dispatcher import store
+from dispatcher.backends import daemons
+from dispatcher.cli import stack, target
+from dispatcher.cli.errors import EXIT_SPEC, Refused
+from dispatcher.cli.output import err, out, plain
+from dispatcher.plan import Plan
+
+RUN_OR_SPEC = Annotated[str, typer.Argument(metavar="RUN_OR_SPEC", help=target.HELP, show_default=False)]
+
+
+def write_outputs(plan: Plan, out_dir: str | None) -> None:
+    """The run's official outputs (predictions.jsonl, the SWE-bench report JSON), and its results table."""
+    from dispatcher import report
+    from dispatcher.backends import resources
+
+    run = plan.spec.run.name
+    with store.connect() as conn:
+        attempts = report.fetch_attempts(conn, run)
+    bucket = resources.DEFAULT_BUCKET
+    if plan.spec.backend.kind == "aws":
+        from dispatcher.backends.stack_outputs import StackOutputs
+
+        bucket = StackOutputs.load(plan.spec.backend.stack_outputs).bucket
+    else:
+        daemons.ensure_moto()
+    dest = Path(out_dir) if out_dir else daemons.state_dir() / "runs" / run / "results"
+    files = report.write_outputs(run, attempts, list(plan.rows.values()), dest, plan.spec.run.attempts,
+                                 lambda iid, n: resources.artifacts_prefix(
+                                     bucket, AttemptRef(run=run, instance_id=iid, attempt=n)))
+    report.print_results(out, run, attempts, files)
+
+
+def report(run_or_spec: RUN_OR_SPEC,
+           compare: Annotated[str | None, typer.Option(
+               metavar="RUN_B", help="compare with another run: paired, on their shared instances")] = None,
+           out_dir: Annotated[str | None, typer.Option(
+               "--out", help="folder for the outputs (the report goes to its report/ subfolder)")] = None) -> None:
+    """A run's report (figures, pass@k, plots, one HTML file); with a spec, its official outputs too.
+
+    With a spec file, its run's official outputs are written again first; with a run's name too, where the spec the
+    run stored still loads. --compare: the two runs side by side, paired on their shared instances."""
+    from dispatcher.report import analytics
+    from dispatcher.report.figures import NoSuchRun
+
+    it = target.resolve(run_or_spec)
+    plan = it.plan
+    with store.connect() as conn:
+        for name in filter(None, (it.run, compare)):
+            if not store.run_exists(conn, name):
+                raise Refused(f"no run named {name!r}")
+        if plan is None:
+            try:
+                plan = target.stored_plan(conn, it.run)
+            except Refused as e:  # the report needs only the rows; the official outputs need the dataset's too
+                err.print(f"[yellow]warning:[/] {e.message}, so the official outputs are not rewritten (`report SPEC`"
+                          " does)", soft_wrap=True)
+    if plan is not None and not compare:
+        write_outputs(plan, out_dir)
+    dest = Path(out_dir) / "report" if out_dir else daemons.state_dir() / (
+        f"reports/{it.run}-vs-{compare}" if compare else f"runs/{it.run}/report")
+    with store.connect() as conn:
+        try:
+            built, files = analytics.build(conn, it.run, dest, compare)
+        except (NoSuchRun, ValueError) as e:
+            raise Refused(str(e)) from None
+    analytics.print_summary(out, built, files)
+
+
+def judge(run_or_spec: RUN_OR_SPEC,
+          rubric: Annotated[str | None, typer.Option(
+              help="a TOML rubric (or s3:// URI of one); default: solved, looked_outside, tampered_tests")] = None,
+          provider: Annotated[Literal["openai", "anthropic"], typer.Option()] = "openai",
+          model: Annotated[str, typer.Option(help="the judge's model (priced from LiteLLM's table)")] = "gpt-4o-mini",
+          base_url: Annotated[str | None, typer.Option(
+              help="the gateway; unset with a local run: the provider simulator's judge policy")] = None,
+          api_key_env: Annotated[str, typer.Option(help="env var with the judge's own provider key")]
+          = task_shape.JUDGE_KEY_ENV,
+          budget_usd: Annotated[float, typer.Option(help="the judge's own budget for the pass")] = 1.0,
+          attempt_usd: Annotated[float | None, typer.Option(help="a cap per judged trajectory")] = None,
+          max_tokens: int = 1024,
+          concurrency: int = 2,
+          here: Annotated[bool, typer.Option(
+              "--here", help="judge in this process even for a run on AWS (the ECS task's)")] = False) -> None:
+    """A model judges each attempt's trajectory against a rubric (one verdict row each).
+
+    Every attempt of the run without a verdict for the rubric is judged: here, or in an ECS task for a run on AWS."""
+    import secrets
+
+    from pydantic import ValidationError
+
+    from dispatcher.judge import rubric as rubrics
+    from dispatcher.judge.runner import JudgePass, JudgeSettings
+
+    run = target.resolve(run_or_spec).run
+    try:
+        chosen = rubrics.load(_local_copy(rubric)) if rubric else rubrics.DEFAULT
+    except rubrics.RubricError as e:
+        plain(err, f"rubric: {e}")
+        raise typer.Exit(EXIT_SPEC) from None
+    with store.connect() as conn:
+        row = store.stored_spec(conn, run)
+    if row is None:
+        raise Refused(f"no run named {run!r}")
+    backend, spec = row
+    try:  # the flags first: a bad one is refused before anything starts
+        settings = JudgeSettings(provider=provider, model=model, upstream_url=base_url or "unset",
+                                 budget_usd=budget_usd, attempt_usd=attempt_usd, max_tokens=max_tokens,
+                                 concurrency=concurrency, valkey_url=stack.valkey_url())
+    except ValidationError as e:
+        for problem in e.errors():
+            err.print(f"--{str(problem['loc'][0]).replace('_', '-')}: {problem['msg']}", highlight=False)
+        raise typer.Exit(EXIT_SPEC) from None
+    if backend == "aws" and not here:
+        from dispatcher.backends.stack_outputs import StackOutputsError
+        from dispatcher.judge.ecs import launch
+
+        argv = judge_argv(run, rubric=rubric, provider=provider, model=model, base_url=base_url,
+                          api_key_env=api_key_env, budget_usd=budget_usd, attempt_usd=attempt_usd,
+                          max_tokens=max_tokens, concurrency=concurrency)
+        try:
+            arn = launch(spec["backend"]["stack_outputs"], run, argv, chosen if rubric else None)
+        except (StackOutputsError, RuntimeError) as e:
+            raise Refused(str(e)) from None
+        out.print(f"judge task started for run {run!r}: {arn}")
+        return
+    services = None
+    if base_url:
+        upstream, key = base_url, os.environ.get(api_key_env, "")
+        if not key:
+            raise Refused(f"--api-key-env: environment variable {api_key_env} is not set", EXIT_SPEC)
+    elif backend == "local":
+        from dispatcher.backends.local_services import LocalServices
+
+        daemons.ensure_moto()
+        services = LocalServices(daemons.state_dir() / "runs" / run / "judge")
+        upstream, key = services.simulator(["--policy", "judge"], "sk-judge-" + secrets.token_hex(16))
+    else:
+        raise Refused("--base-url is required for a run on AWS", EXIT_SPEC)
+    settings = settings.model_copy(update={"upstream_url": upstream})
+    judging = JudgePass(run, chosen, settings, key, daemons.state_dir() / "judge", db.database_url())
+    try:
+        summary = judging.run_pass()
+    finally:  # a killed pass leaves its simulator to the next one (LocalServices finds it); a finished one stops it
+        if services is not None:
+            services.stop_all()
+    out.print(f"run {run}, rubric {chosen.name} ({chosen.sha}): {summary.judged} judged,"
+              f" {summary.parse_failures} parse failure(s), {summary.no_trajectory} without a trajectory,"
+              f" {summary.over_attempt_cap} over the per-trajectory cap, {summary.left} left for a rerun;"
+              f" calls in the ledger under run {judging.judge_run!r}", highlight=False, soft_wrap=True)
+    for problem in summary.problems[:20]:
+        plain(err, f"  {problem}")
+    if summary.left:
+        raise typer.Exit(1)
+
+
+def judge_argv(run: str, *, rubric: str | None, provider: str, model: str, base_url: str | None, api_key_env: str,
+               budget_usd: float, attempt_usd: float | None, max_tokens: int, concurrency: int) -> list[str]:
+    """The judge's own command line, for the ECS task that runs it (`--here`: in that task)."""
+    argv = ["judge", run, "--here", "--provider", provider, "--model", model, "--api-key-env", api_key_env,
+            "--budget-usd", str(budget_usd), "--max-tokens", str(max_tokens), "--concurrency", str(concurrency)]
+    for flag, value in (("--rubric", rubric), ("--base-url", base_url), ("--attempt-usd", attempt_usd)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _local_copy(path: str) -> str:
+    """A rubric given as s3://... (the ECS judge task's) is read from S3 into a temporary file."""
+    if not path.startswith("s3://"):
+        return path
+    import tempfile
+
+    from contract import aws
+
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+        f.write(aws.get_text(path))
+    return f.name
