@@ -73,22 +73,17 @@ def validate(spec: SPEC) -> None:
 
 def _pool_limits(spec) -> tuple[dict[str, int], str]:
     """The limits the pool runs under, and where they come from: its pacer's (Valkey), else what the shims
-    discovered from provider headers on top of the spec's, else the spec's alone (Valkey down: with a warning)."""
+    discovered from provider headers on top of the spec's, else the spec's alone."""
     import redis
 
     from contract import keys
     from dispatcher.driver.pacing import PacerPolicy
 
     limits = {k: v for k, v in {"rpm": spec.model.rpm, "itpm": spec.model.itpm, "otpm": spec.model.otpm}.items() if v}
-    try:
-        r = redis.Redis.from_url(stack.valkey_url(), decode_responses=True)
-        stored = r.hgetall(keys.pool_limits(spec.pool))
-        discovered = PacerPolicy().discovered(r.hgetall(keys.pool_discovered(spec.pool)))
-    except (redis.RedisError, store.StackDown) as e:  # a forecast without the pool's live limits is still one
-        why = e.why if isinstance(e, store.StackDown) else str(e)
-        err.print(f"warning: Valkey not reachable ({why}); using the spec's limits (`scripts/stack.sh up` starts "
-                  "Valkey)", markup=False, highlight=False, soft_wrap=True)
-        return limits, "spec"
+    # the pool's live limits are what the forecast is of: without Valkey it would forecast another fleet
+    r = redis.Redis.from_url(stack.valkey_url(), decode_responses=True)
+    stored = r.hgetall(keys.pool_limits(spec.pool))
+    discovered = PacerPolicy().discovered(r.hgetall(keys.pool_discovered(spec.pool)))
     if stored:
         return {k: int(v) for k, v in stored.items()}, "the pool's pacer"
     if discovered:
