@@ -1,12 +1,13 @@
 """The eval worker CLI.
 
-  python -m eval_worker --queue URL [--backend process|docker|package.module:Class] [--logs-root DIR] [--once] [--idle-exit S]
-         [--visibility-timeout S] [--database-url URL] [--registry HOST:PORT] [--require-pinned]
+  python -m eval_worker --queue URL [--backend process|docker|package.module:Class] [--logs-root DIR] [--once]
+         [--idle-exit S] [--visibility-timeout S] [--database-url URL] [--registry HOST:PORT] [--require-pinned]
          [--environments FILE ...]
   python -m eval_worker validate --dataset PATH [--instances ID ...] [--backend docker|process|package.module:Class]
          [--repos DIR] [--logs-root DIR] [--timeout S] [--registry HOST:PORT] [--environments FILE ...]
   python -m eval_worker mirror --dataset PATH --registry HOST:PORT [--instances ID ...] [--no-pull]
 
+--backend names a grader (eval_worker.graders.GRADERS) or a dotted path to a Grader subclass.
 validate and mirror record into PostgreSQL ($DATABASE_URL, default postgresql://postgres@127.0.0.1:5432/test)
 and print one JSON line per instance/image; exit 1 if anything is invalid or failed.
 """

@@ -75,7 +75,7 @@ class Grader(ABC):
 
     @classmethod
     def unavailable(cls) -> str | None:
-        """Why graders of this kind cannot grade on this machine (the worker then refuses to start); None if they can."""
+        """Why graders of this kind cannot grade on this machine (the worker then refuses to start); None: they can."""
         return None
 
     @abstractmethod

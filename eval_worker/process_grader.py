@@ -112,7 +112,7 @@ def apply_patch(sandbox: Sandbox, logger: logging.Logger) -> tuple[bool, str]:
 
 
 class ProcessGrader(Grader):
-    """Sandboxes as local directories and processes (machines without Docker).
+    """Grades in sandboxes that are local directories and confined processes (machines without Docker).
 
     recipes: environment recipes by (repo, version), in addition to the `environments.toml` beside each
     job's repository bundle; env_root: where the environments are built (default <state dir>/grading-envs);
@@ -170,6 +170,9 @@ class ProcessGrader(Grader):
             raise GradingSandboxError(f"{instance['instance_id']}: {e}", reason="environment_unavailable") from e
 
     def create(self, *, instance: dict, repo_source: str) -> ProcessSandbox:
+        """A fresh sandbox for the instance row: its repository checked out at base_commit in /testbed, in the
+        instance's environment. Raises GradingSandboxError when that cannot be done (clone failure, missing
+        commit, no environment...)."""
         iid, base_commit = instance["instance_id"], instance["base_commit"]
         src = repo_source
         if "://" not in src:
@@ -214,7 +217,8 @@ class ProcessGrader(Grader):
                             f"{environment.recipe.install}", timeout=self.clone_timeout)
                 if r.exit_code != 0:
                     raise GradingSandboxError(f"{environment.recipe.install!r} failed in {environment.path} "
-                                       f"({r.exit_code}): {r.output.strip()[-2000:]}", reason="environment_unavailable")
+                                              f"({r.exit_code}): {r.output.strip()[-2000:]}",
+                                              reason="environment_unavailable")
         except GradingSandboxError:
             sb.close()
             raise
@@ -222,7 +226,6 @@ class ProcessGrader(Grader):
             sb.close()
             raise GradingSandboxError(f"could not prepare sandbox: {e}") from e
         return sb
-
 
     def grade(self, job: EvalJob, patch: str, logs_root: str | Path) -> Verdict:
         """Grade `patch` for `job` (non-empty; grading.grade checks) in a fresh sandbox.
