@@ -72,9 +72,9 @@ _BACKEND = None
 def _backend():
     global _BACKEND
     if _BACKEND is None:
-        from eval_worker.docker_backend import DockerBackend
+        from eval_worker.docker_backend import DockerGrader
 
-        _BACKEND = DockerBackend()
+        _BACKEND = DockerGrader()
         _BACKEND.client.ping()
     return _BACKEND
 

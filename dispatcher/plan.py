@@ -66,8 +66,10 @@ def make_plan(spec: Spec, spec_file: str = "spec.toml") -> Plan:
     needs_bundle = []
     if not in_images:
         needs_bundle.append(("backend.launcher", "the process launcher clones each instance's repository from a git bundle"))
-    if spec.eval.backend == "process":
-        needs_bundle.append(("eval.backend", "the process grading backend grades in a clone of its git bundle"))
+    from eval_worker.graders import GRADERS
+
+    if why := GRADERS.get(spec.eval.backend).needs_bundle:
+        needs_bundle.append(("eval.backend", why))
     real = ("real SWE-bench instances run in their official images: backend.launcher = \"docker\" and "
             "eval.backend = \"docker\" (README: real instances)")
     for path, why in needs_bundle:

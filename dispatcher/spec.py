@@ -203,10 +203,11 @@ class ImagesSpec(Strict):
 
 
 class EvalSpec(Strict):
-    backend: Literal["process", "docker"] | None = Field(None, description=(
-        "docker: the official run_instance in the instance image (official results); process: a local sandbox "
-        "cloned from the instance's bundle (no Docker; an approximation). Default: docker where tasks run in task "
-        "images (backend aws, or launcher docker), else process"))
+    backend: str | None = Field(None, description=(
+        "the grader (eval_worker.graders.GRADERS): docker: the official run_instance in the instance image (official "
+        "results); process: a local sandbox cloned from the instance's bundle (no Docker; an approximation); or a "
+        "dotted path 'package.module:Class' to a Grader. Default: docker where tasks run in task images (backend "
+        "aws, or launcher docker), else process"))
     require_validated: Literal["off", "exclude", "refuse"] = Field(
         "off", description="instances whose image has no valid gold validation: run anyway, exclude, or refuse")
     workers: int = Field(1, ge=1, le=1000)
@@ -215,6 +216,16 @@ class EvalSpec(Strict):
         "the longest a patch's verdict may take to land once no eval job of the run is waiting or held by a grader"
         " (and this long after its job was sent); then the attempt lands as infra_error (verdict_lost), as it does"
         " when its eval job reaches the eval dead-letter queue"))
+
+    @field_validator("backend")
+    @classmethod
+    def _known_grader(cls, v: str | None) -> str | None:
+        from eval_worker.graders import GRADERS
+
+        if v is not None and not GRADERS.known(v):
+            raise ValueError(f"unknown grader {v!r}: one of {', '.join(GRADERS.names())}, or a dotted path "
+                             "'package.module:Class' to a Grader subclass")
+        return v
 
 
 class SimulatorSpec(Strict):

@@ -1,12 +1,13 @@
 """The eval worker CLI.
 
-  python -m eval_worker --queue URL [--backend process|docker] [--logs-root DIR] [--once] [--idle-exit S]
-         [--visibility-timeout S] [--database-url URL] [--registry HOST:PORT] [--require-pinned]
+  python -m eval_worker --queue URL [--backend process|docker|package.module:Class] [--logs-root DIR] [--once]
+         [--idle-exit S] [--visibility-timeout S] [--database-url URL] [--registry HOST:PORT] [--require-pinned]
          [--environments FILE ...]
-  python -m eval_worker validate --dataset PATH [--instances ID ...] [--backend docker|process]
+  python -m eval_worker validate --dataset PATH [--instances ID ...] [--backend docker|process|package.module:Class]
          [--repos DIR] [--logs-root DIR] [--timeout S] [--registry HOST:PORT] [--environments FILE ...]
   python -m eval_worker mirror --dataset PATH --registry HOST:PORT [--instances ID ...] [--no-pull]
 
+--backend names a grader (eval_worker.graders.GRADERS) or a dotted path to a Grader subclass.
 validate and mirror record into PostgreSQL ($DATABASE_URL, default postgresql://postgres@127.0.0.1:5432/test)
 and print one JSON line per instance/image; exit 1 if anything is invalid or failed.
 """
@@ -20,6 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from eval_worker.graders import GRADERS, GraderOptions, UnknownName
 from eval_worker.package_index import PACKAGE_INDEX_ENV
 
 
@@ -32,32 +34,27 @@ def _logging(verbose: bool) -> None:
     logging.getLogger("botocore").setLevel(logging.WARNING)
 
 
-def _docker_backend(database_url: str | None, registry: str | None, require_pinned: bool,
-                    package_index: str | None):
-    from eval_worker.docker_backend import DockerBackend
-    from eval_worker.pinning import ImageResolver
-
-    if not package_index:
-        logging.getLogger("eval_worker").warning(
-            "no package index (--package-index, $%s): gradings reach no network; an eval script that installs "
-            "packages from an index fails", PACKAGE_INDEX_ENV)
-    return DockerBackend(resolver=ImageResolver(database_url, registry, require_pinned), package_index=package_index)
-
-
-def _recipes(paths: list[Path]):
-    """The environment recipes named on the command line (process backend); exits 2 naming a bad file."""
-    from eval_worker.environments import GradingEnvironmentError, RecipeBook
-
-    book = RecipeBook()
+def _grader_name(value: str) -> str:
+    """--backend: a registered grader, or a dotted path to a Grader subclass."""
     try:
-        for p in paths:
-            book = book.merged(RecipeBook.load(p))
+        GRADERS.get(value)
+    except UnknownName as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
+
+
+def _grader(name: str, options: GraderOptions):
+    """The grader `name` built from the command line's options; exits 2 naming a bad recipe file."""
+    from eval_worker.environments import GradingEnvironmentError
+
+    try:
+        return GRADERS.get(name).from_options(options)
     except GradingEnvironmentError as e:
         print(f"--environments: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    return book
 
 
+BACKEND_METAVAR = "{" + ",".join(GRADERS.names()) + "}|package.module:Class"
 PACKAGE_INDEX_HELP = ("docker backend: the simple-API URL of the package index gradings may reach, and nothing else "
                       f"(default ${PACKAGE_INDEX_ENV}; none: they reach no network)")
 ENVIRONMENTS_HELP = ("process backend: a TOML file of environment recipes ([[environment]] tables), in addition "
@@ -67,9 +64,10 @@ ENVIRONMENTS_HELP = ("process backend: a TOML file of environment recipes ([[env
 def worker_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m eval_worker", description="Grade EvalJob messages from SQS.")
     ap.add_argument("--queue", required=True, help="eval queue URL (SQS)")
-    ap.add_argument("--backend", choices=("process", "docker"), default="process",
-                    help="docker: the official run_instance in the instance image (official results); "
-                         "process: a local sandbox (approximation, no Docker)")
+    ap.add_argument("--backend", type=_grader_name, default="process", metavar=BACKEND_METAVAR,
+                    help="the grader (eval_worker.graders): docker: the official run_instance in the instance image "
+                         "(official results); process: a local sandbox (approximation, no Docker); or a dotted path "
+                         "to a Grader subclass")
     ap.add_argument("--logs-root", type=Path, default=Path("."),
                     help="root of the official layout logs/run_evaluation/... (default: current directory)")
     ap.add_argument("--once", action="store_true", help="handle at most one message (one long poll), then exit")
@@ -92,18 +90,15 @@ def worker_main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     _logging(args.verbose)
 
-    from eval_worker.sandbox import ProcessBackend
     from eval_worker.worker import EvalWorker
 
-    if args.backend == "docker":
-        backend = _docker_backend(args.database_url, args.registry, args.require_pinned, args.package_index)
-    else:
-        from eval_worker.sandbox import confinement_problem
-
-        if problem := confinement_problem():
-            print(f"--backend process: {problem}", file=sys.stderr)
-            return 2
-        backend = ProcessBackend(root=args.sandbox_root, keep=args.keep_sandboxes, recipes=_recipes(args.environments))
+    if problem := GRADERS.get(args.backend).unavailable():
+        print(f"--backend {args.backend}: {problem}", file=sys.stderr)
+        return 2
+    grader = _grader(args.backend, GraderOptions(
+        database_url=args.database_url, registry=args.registry, require_pinned=args.require_pinned,
+        package_index=args.package_index, sandbox_root=args.sandbox_root, keep_sandboxes=args.keep_sandboxes,
+        environments=tuple(args.environments)))
     from contract import signing
 
     try:
@@ -118,7 +113,7 @@ def worker_main(argv: list[str]) -> int:
         args.queue,
         verdict_key=verdict_key,
         logs_root=args.logs_root,
-        backend=backend,
+        grader=grader,
         visibility_timeout=args.visibility_timeout,
         wait_time_s=min(max(args.wait_time, 0), 20),
     )
@@ -135,7 +130,8 @@ def validate_main(argv: list[str]) -> int:
                                  description="Gold-validate instance images and record the result per digest.")
     ap.add_argument("--dataset", required=True, help=".json/.jsonl/.parquet instance rows")
     ap.add_argument("--instances", nargs="*", default=None)
-    ap.add_argument("--backend", choices=("docker", "process"), default="docker")
+    ap.add_argument("--backend", type=_grader_name, default="docker", metavar=BACKEND_METAVAR,
+                    help="the grader validating: docker (the official image, by digest) or process")
     ap.add_argument("--repos", default=None, help="process backend: <owner>__<name>.bundle folder "
                                                   "(default: <dataset dir>/repos)")
     ap.add_argument("--logs-root", type=Path, default=None, help="official layout root (default: a temp dir)")
@@ -152,21 +148,20 @@ def validate_main(argv: list[str]) -> int:
 
     from contract import db
     from eval_worker.images import load_rows
-    from eval_worker.sandbox import ProcessBackend
     from eval_worker.validation import validate
 
     url = args.database_url or db.database_url()
     rows = load_rows(args.dataset, args.instances)
     repos = args.repos or str(Path(args.dataset).resolve().parent / "repos")
     logs_root = args.logs_root or Path(tempfile.mkdtemp(prefix="ep-validate-"))
-    backend = (_docker_backend(url if args.registry else None, args.registry, False, args.package_index)
-               if args.backend == "docker" else None)
-    process_backend = ProcessBackend(recipes=_recipes(args.environments))
+    # validation reads the image's own records only to pull a mirrored image by digest
+    grader = _grader(args.backend, GraderOptions(
+        database_url=url if args.registry else None, registry=args.registry, package_index=args.package_index,
+        environments=tuple(args.environments)))
     with db.connect(url) as conn:
         db.migrate(conn)
-        records, errors = validate(rows, conn, backend=args.backend, docker_backend=backend, repos_dir=repos,
-                                   logs_root=logs_root, timeout_s=args.timeout,
-                                   process_backend=process_backend)
+        records, errors = validate(rows, conn, grader=grader, repos_dir=repos, logs_root=logs_root,
+                                   timeout_s=args.timeout)
     for r in records:
         print(r.model_dump_json(include={"instance_id", "image", "digest", "backend", "valid", "reason"}))
     for e in errors:

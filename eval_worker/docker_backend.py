@@ -48,13 +48,14 @@ from plumbing.egress import EGRESS_IMAGE, EGRESS_IMAGE_ENV, Egress, EgressError
 from eval_worker import package_index
 from eval_worker.cwd import in_directory
 from eval_worker.environments import installs_packages
+from eval_worker.graders import Grader, GraderOptions, GradingSandboxError, ValidationSubject
 from eval_worker.grading import (
     ENVIRONMENT_BROKEN,
     ENVIRONMENT_BROKEN_REASON,
     environment_broken,
     infra_entry,
 )
-from eval_worker.layout import BASE_LOG_INSTANCE, BASE_TEST_OUTPUT, instance_log_dir, official_run_id
+from eval_worker.layout import BASE_LOG_INSTANCE, BASE_TEST_OUTPUT, EMPTY_MODEL, instance_log_dir, official_run_id
 from eval_worker.pinning import ImageResolver, ImageUnavailable, PinnedImage
 
 log = logging.getLogger("eval_worker.docker")
@@ -165,7 +166,7 @@ def classify(
     return EvalOutcome.INFRA_ERROR, infra_entry(kind), f"docker: {why}"
 
 
-class DockerBackend:
+class DockerGrader(Grader):
     """Grades in the instance's official image with the official run_instance."""
 
     name = "docker"
@@ -179,6 +180,15 @@ class DockerBackend:
         self.network = network
         self.egress_image = egress_image or os.environ.get(EGRESS_IMAGE_ENV) or EGRESS_IMAGE
         self._sealed: SealedDocker | None = None
+
+    @classmethod
+    def from_options(cls, options: GraderOptions) -> DockerGrader:
+        if not options.package_index:
+            logging.getLogger("eval_worker").warning(
+                "no package index (--package-index, $%s): gradings reach no network; an eval script that installs "
+                "packages from an index fails", package_index.PACKAGE_INDEX_ENV)
+        return cls(resolver=ImageResolver(options.database_url, options.registry, options.require_pinned),
+                   package_index=options.package_index)
 
     @property
     def client(self) -> docker.DockerClient:
@@ -295,3 +305,27 @@ class DockerBackend:
                 if (files / src).is_file():
                     shutil.copyfile(files / src, log_dir / dst)
         return result is not None and bool(result[1][iid]["patch_successfully_applied"])
+
+    # ------------------------------------------------------------------ gold validation
+
+    def validation_subject(self, row: dict, repo_source: str) -> ValidationSubject:
+        """The image the instance grades on, by image id, and the row pinned to it."""
+        try:
+            pinned = self.pin(row)
+        except ImageUnavailable as e:
+            raise GradingSandboxError(str(e), reason="image_missing") from e
+        try:
+            try:
+                digest = self.client.images.get(pinned.ref).id
+            except docker.errors.ImageNotFound:
+                digest = self.client.images.pull(pinned.ref).id  # a mirror reference: by digest
+        except docker.errors.DockerException as e:
+            raise GradingSandboxError(f"{pinned.ref}: {e}", reason="container_unavailable") from e
+        return ValidationSubject(digest, {**row, "image": pinned.ref})
+
+    def base_report(self, row: dict, repo_source: str, run: str, logs_root: Path, timeout_s: float) -> dict | None:
+        """The eval script on the untouched base image via run_instance(skip_patch=True): its report entry."""
+        ts = make_test_spec(row)
+        pred = {"instance_id": row["instance_id"], "model_name_or_path": EMPTY_MODEL, "model_patch": ""}
+        result = self.run_official(ts, pred, run, logs_root, timeout_s, skip_patch=True)
+        return result[1][row["instance_id"]] if result else None

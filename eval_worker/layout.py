@@ -23,6 +23,7 @@ LOG_FILES = ("patch.diff", "eval.sh", "test_output.txt", "report.json", "run_ins
 BASE_TEST_OUTPUT = "base_test_output.txt"
 BASE_LOG_INSTANCE = "base_run_instance.log"
 UPLOADED_FILES = (*LOG_FILES, BASE_TEST_OUTPUT, BASE_LOG_INSTANCE)
+EMPTY_MODEL = "empty"  # gold validation's untouched-base run: its model directory in the official layout
 
 
 def official_run_id(run: str, attempt: int = 1) -> str:

@@ -15,15 +15,16 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, Field
 
 from contract.models import utcnow
+from eval_worker.graders import Grader, grader_name
 
 
 class ValidationRecord(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     image: str
-    digest: str  # docker image id (sha256:...) for the docker backend; "process:sha256:..." otherwise
+    digest: str  # docker image id (sha256:...) for the docker grader; "process:sha256:..." otherwise
     instance_id: str
-    backend: Literal["docker", "process"] = "docker"
+    backend: Literal["docker", "process"] = "docker"  # the grader's name (the table holds only these two)
     valid: bool
     reason: str | None = None
     details: dict[str, Any] = Field(default_factory=dict)
@@ -63,12 +64,15 @@ def record_validation(conn: psycopg.Connection, rec: ValidationRecord) -> None:
 
 
 def validated(
-    conn: psycopg.Connection, instance_rows: Iterable[dict], backend: str | None = "docker"
+    conn: psycopg.Connection, instance_rows: Iterable[dict], backend: str | Grader | None = "docker"
 ) -> dict[str, ValidationRecord | None]:
     """For the dispatcher: each row's latest validation of its own `image` (None: never validated).
 
-    A record with valid=False says why in `reason`. backend=None accepts records of either backend.
+    A record with valid=False says why in `reason`. backend: the grader (or its name in
+    eval_worker.graders.GRADERS) whose records count; None accepts records of any grader.
     """
+    if backend is not None:
+        backend = grader_name(backend)
     rows = list(instance_rows)
     out: dict[str, ValidationRecord | None] = {r["instance_id"]: None for r in rows}
     if not rows:

@@ -1,14 +1,14 @@
-"""Where an eval runs: the `GradingBackend` seam and its one implementation for now, `ProcessBackend`.
+"""Where the process grader (eval_worker.process_grader) runs an eval: a `Sandbox`, and its confined
+implementation `ProcessSandbox`.
 
 The grading code speaks in *container* terms, exactly as the official harness does: the repository is
 at /testbed, the patch is copied to /tmp/patch.diff, the eval script to /eval.sh, the instance's conda
 env `testbed` is under /opt/miniconda3, and commands run with /testbed as the working directory. A
-backend maps that onto something real. `ProcessBackend` maps it onto a per-sandbox directory on this
-machine (no Docker): the repository is cloned from the job's repo_source (a git bundle or repository
-path) into <sandbox>/testbed, commands run as local processes with their own HOME, TMPDIR and
-GIT_CONFIG_GLOBAL, and /opt/miniconda3 is a private copy of the instance's (repo, version) environment built
-from its recipe (eval_worker.environments), never the worker's own Python. The docker backend
-(eval_worker.docker_backend) does not use this seam: it runs the official run_instance itself.
+`ProcessSandbox` maps that onto a per-sandbox directory on this machine (no Docker): the repository cloned from
+the job's repo_source into <sandbox>/testbed, commands run as local processes with their own HOME, TMPDIR and
+GIT_CONFIG_GLOBAL, and /opt/miniconda3 is the grading's copy of the instance's environment
+(eval_worker.environments). The docker grader (eval_worker.docker_backend) does not use it: it runs the official
+run_instance itself.
 
 Every command runs confined, since the eval script runs the model's code (the tests import the patched package):
 bubblewrap (Debian's `bubblewrap`) gives it mount, PID, network, IPC and UTS namespaces of its own, and setpriv drops
@@ -18,10 +18,6 @@ write, with a private /tmp), the interpreter its environment was made from read-
 folder, the project or any other process; its network is loopback only. The worker (root, which bubblewrap needs
 to mount what the grader itself could not open) never holds the verdict key where the grading can reach it.
 
-An instance without a recipe runs with the worker's Python on PATH (its virtualenv and interpreter, read-only)
-only if its eval script installs nothing; one that installs packages is refused (SandboxError, reason
-environment_unavailable).
-
 Limitation of the process backend: container paths are rewritten in command text (outside heredoc
 bodies, so patches carried by the eval script are never touched); the environment is rebuilt from a recipe, not
 the instance image's.
@@ -30,7 +26,6 @@ the instance image's.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -41,31 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from plumbing import system_user
-from eval_worker.environments import (
-    RECIPES_FILE,
-    GradingEnvironmentError,
-    ProcessEnvironment,
-    RecipeBook,
-    installs_packages,
-    isolated_pip_env,
-    process_environment,
-    recipes_near,
-)
+from eval_worker.environments import ProcessEnvironment, isolated_pip_env
+from eval_worker.graders import GradingSandboxError
 from eval_worker.shell import map_container_paths, shell_lines
 
 CONTAINER_WORKDIR = "/testbed"  # swebench.image_builder.constants.CONTAINER_WORKDIR
 CONTAINER_CONDA_ROOT = "/opt/miniconda3"
 KILL_GRACE_S = 2.0
-
-
-class SandboxError(RuntimeError):
-    """The sandbox could not be prepared or used: an infrastructure failure, never the model's.
-    `reason` becomes the verdict's infra_failure_reason."""
-
-    def __init__(self, message: str, reason: str = "sandbox_unavailable"):
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -89,19 +66,7 @@ class Sandbox(Protocol):
         """Tear everything down (idempotent)."""
 
 
-@runtime_checkable
-class GradingBackend(Protocol):
-    name: str
-
-    def create(self, *, instance: dict, repo_source: str) -> Sandbox:
-        """A fresh sandbox for the instance row: its repository checked out at base_commit in /testbed,
-        in the instance's environment.
-
-        Raises SandboxError when that cannot be done (clone failure, missing commit, no environment...).
-        """
-
-
-# ------------------------------------------------------------------------------ process backend
+# ------------------------------------------------------------------------------ confinement
 
 
 GRADER_USER = "evalplane-grader"
@@ -219,13 +184,13 @@ class ProcessSandbox:
     def host_path(self, container_path: str) -> Path:
         mapped = map_container_paths(container_path, self.mapping)
         if mapped == container_path:
-            raise SandboxError(f"no host mapping for container path {container_path!r}")
+            raise GradingSandboxError(f"no host mapping for container path {container_path!r}")
         return Path(mapped)
 
     def put_file(self, container_path: str, content: str) -> None:
         p = self.host_path(container_path)
         if p.parent != self.root:  # only into the sandbox's own folder, which the grader cannot change
-            raise SandboxError(f"put_file: {container_path!r} maps into a folder the grading writes")
+            raise GradingSandboxError(f"put_file: {container_path!r} maps into a folder the grading writes")
         if container_path.endswith(".sh"):  # a script: its container paths must point into the sandbox
             content = map_container_paths(content, self.mapping)
         fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
@@ -260,7 +225,7 @@ class ProcessSandbox:
                 out.seek(0)
                 output = out.read().decode(errors="replace")
         except OSError as e:
-            raise SandboxError(f"exec failed: {e}") from e
+            raise GradingSandboxError(f"exec failed: {e}") from e
         return ExecResult(
             exit_code=None if timed_out else proc.returncode,
             output=output,
@@ -322,115 +287,15 @@ def _kill_group(pgid: int, proc: subprocess.Popen | None, grace: float = KILL_GR
         proc.wait()
 
 
-class ProcessBackend:
-    """Sandboxes as local directories and processes (machines without Docker).
-
-    recipes: environment recipes by (repo, version), in addition to the `environments.toml` beside each
-    job's repository bundle; env_root: where the environments are built (default <state dir>/grading-envs);
-    pythons: the interpreters recipes may use (default: those on PATH, never the worker's own).
-    """
-
-    name = "process"
-
-    def __init__(self, root: str | Path | None = None, keep: bool = False, clone_timeout: float = 300.0,
-                 recipes: RecipeBook | None = None, env_root: str | Path | None = None,
-                 pythons: list[str] | None = None):
-        self.root = Path(root) if root else None
-        self.keep = keep
-        self.clone_timeout = clone_timeout
-        self.recipes = recipes or RecipeBook()
-        self.env_root = Path(env_root) if env_root else None
-        self.pythons = pythons
-        self._environments: dict[str, ProcessEnvironment] = {}
-
-    def environment(self, instance: dict, repo_source: str) -> ProcessEnvironment | None:
-        """The instance's (repo, version) environment (not yet built or locked), or None without a recipe.
-        Raises SandboxError (environment_unavailable) when there is none and the eval script installs
-        packages, or when the recipe cannot be used here."""
-        repo, version = instance["repo"], str(instance["version"])
-        try:
-            book = self.recipes.merged(recipes_near(repo_source)) if "://" not in repo_source else self.recipes
-            recipe = book.get(repo, version)
-            if recipe is None:
-                installs = installs_packages(instance["eval_script"])
-                if installs:
-                    where = ", ".join(book.sources) or f"no {RECIPES_FILE} beside {repo_source}"
-                    raise SandboxError(
-                        f"{instance['instance_id']}: no environment recipe for {repo} {version} ({where}), and its "
-                        f"eval script installs packages ({installs[0]!r}): refusing to run it in the worker's "
-                        f"own environment", reason="environment_unavailable")
-                return None
-            key = recipe.digest()  # one environment per recipe, whichever of its versions
-            if key not in self._environments:
-                self._environments[key] = process_environment(recipe, root=self.env_root, pythons=self.pythons)
-            return self._environments[key]
-        except GradingEnvironmentError as e:
-            raise SandboxError(f"{instance['instance_id']}: {e}", reason="environment_unavailable") from e
-
-    def create(self, *, instance: dict, repo_source: str) -> ProcessSandbox:
-        iid, base_commit = instance["instance_id"], instance["base_commit"]
-        src = repo_source
-        if "://" not in src:
-            if not Path(src).exists():
-                raise SandboxError(f"repo_source does not exist: {src}")
-            src = str(Path(src).resolve())
-        problem = confinement_problem()
-        if problem:
-            raise SandboxError(problem)
-        try:
-            grader = system_user.ensure(GRADER_USER)
-        except system_user.SystemUserError as e:
-            raise SandboxError(str(e)) from None
-        owner = (grader.pw_uid, grader.pw_gid)
-        environment = self.environment(instance, repo_source)
-        if self.root:
-            self.root.mkdir(parents=True, exist_ok=True)
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", iid)
-        root = Path(tempfile.mkdtemp(prefix=f"ep-sandbox-{safe}-", dir=self.root))
-        sb = ProcessSandbox(root, owner, environment, keep=self.keep)
-        try:
-            if environment is not None:
-                try:
-                    environment.checkout(root / "environment", owner)
-                except GradingEnvironmentError as e:
-                    raise SandboxError(f"{iid}: {e}", reason="environment_unavailable") from e
-            for args in (
-                ["git", "clone", "-q", "--no-hardlinks", src, str(sb.testbed)],
-                ["git", "-c", "advice.detachedHead=false", "checkout", "-q", base_commit],
-            ):
-                r = subprocess.run(
-                    args, cwd=str(sb.testbed if args[1] != "clone" else root), env=sb.env,
-                    stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=self.clone_timeout, check=False,
-                )
-                if r.returncode != 0:
-                    raise SandboxError(f"{' '.join(args[:3])} failed ({r.returncode}): {r.stderr.strip()}")
-            system_user.give(sb.testbed, *owner)  # the grading's from here on
-            if environment is not None and not installs_packages(instance["eval_script"]):
-                # what an instance image's build did: the repository installed into testbed (an eval script
-                # that reinstalls it would only repeat this)
-                r = sb.exec(f"source {CONTAINER_CONDA_ROOT}/bin/activate && conda activate testbed && "
-                            f"{environment.recipe.install}", timeout=self.clone_timeout)
-                if r.exit_code != 0:
-                    raise SandboxError(f"{environment.recipe.install!r} failed in {environment.path} "
-                                       f"({r.exit_code}): {r.output.strip()[-2000:]}", reason="environment_unavailable")
-        except SandboxError:
-            sb.close()
-            raise
-        except (OSError, subprocess.SubprocessError) as e:
-            sb.close()
-            raise SandboxError(f"could not prepare sandbox: {e}") from e
-        return sb
-
-
 __all__ = [
     "CONTAINER_CONDA_ROOT",
     "CONTAINER_WORKDIR",
+    "GRADER_USER",
+    "Confinement",
     "ExecResult",
-    "GradingBackend",
-    "ProcessBackend",
     "ProcessSandbox",
     "Sandbox",
-    "SandboxError",
+    "confinement_problem",
     "map_container_paths",
     "shell_lines",
     "system_path",

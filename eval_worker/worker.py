@@ -25,9 +25,9 @@ from pydantic import ValidationError
 
 from contract import aws, signing
 from contract.models import Envelope, EvalJob, EvalOutcome, Verdict, utcnow
+from eval_worker.graders import Grader, resolve_grader
 from eval_worker.grading import grade
 from eval_worker.layout import UPLOADED_FILES, instance_log_dir
-from eval_worker.sandbox import GradingBackend, ProcessBackend
 from eval_worker.tamper import graded_patch, tamper_flags
 
 log = logging.getLogger("eval_worker")
@@ -76,18 +76,19 @@ class EvalWorker:
         self,
         queue_url: str,
         logs_root: str | Path = ".",
-        backend: GradingBackend | None = None,
+        grader: str | Grader | None = None,
         visibility_timeout: int = 120,
         wait_time_s: int = MAX_WAIT_S,
         verdict_key: bytes | None = None,
     ):
-        """verdict_key: what verdicts are signed with (default: $EVALPLANE_VERDICT_KEY, hex); required."""
+        """grader: a Grader, or its name in eval_worker.graders.GRADERS (default process); verdict_key: what
+        verdicts are signed with (default: $EVALPLANE_VERDICT_KEY, hex); required."""
         self.verdict_key = verdict_key or signing.key_from_env(signing.VERDICT_KEY_ENV)
         if not self.verdict_key:
             raise ValueError(f"{signing.VERDICT_KEY_ENV} is not set: the writer lands no unsigned verdict")
         self.queue_url = queue_url
         self.logs_root = Path(logs_root)
-        self.backend = backend or ProcessBackend()
+        self.grader = resolve_grader(grader)
         self.visibility_timeout = int(visibility_timeout)
         self.wait_time_s = wait_time_s
         self.processed = 0
@@ -172,7 +173,7 @@ class EvalWorker:
             return Verdict(ref=job.ref, outcome=EvalOutcome.UNRESOLVED, resolved=False, report=NOTHING_GRADED,
                            reason=f"nothing graded: the patch changes only {', '.join(left_out)}", started_at=started,
                            ended_at=utcnow(), tamper_flags=flags)
-        verdict = grade(job, graded, self.logs_root, self.backend)
+        verdict = grade(job, graded, self.logs_root, self.grader)
         if left_out:
             verdict = verdict.model_copy(update={"reason": "; ".join(
                 filter(None, [verdict.reason, f"graded without {', '.join(left_out)}"]))})

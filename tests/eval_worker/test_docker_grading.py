@@ -11,7 +11,7 @@ from ew_helpers import make_job, patch_from_edits
 from test_grading import NON_APPLYING
 
 from contract.models import EvalOutcome, Verdict
-from eval_worker.docker_backend import DockerBackend, container_name, remove_stale_containers
+from eval_worker.docker_backend import DockerGrader, container_name, remove_stale_containers
 from eval_worker.grading import grade, infra_entry
 from eval_worker.layout import (
     BASE_LOG_INSTANCE,
@@ -20,7 +20,7 @@ from eval_worker.layout import (
     instance_log_dir,
     official_run_id,
 )
-from eval_worker.sandbox import ProcessBackend
+from eval_worker.process_grader import ProcessGrader
 
 MODEL = "evalplane/demo-model"
 
@@ -54,7 +54,7 @@ def logs_root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def docker_verdicts(eval_images, docker_client, cases, instances, logs_root, unique_run) -> dict[str, Verdict]:
-    backend = DockerBackend(client=docker_client)
+    backend = DockerGrader(client=docker_client)
     return {case: grade(make_job(instances[iid], run=f"{unique_run}-{case.split(':')[0]}", model=MODEL),
                         patch, logs_root, backend)
             for case, (iid, patch) in cases.items()}
@@ -117,7 +117,7 @@ def test_broken_environment_is_infra_error(broken_row, docker_client, tmp_path):
     patch nor on the untouched base -> infra_error, the official report entry's infra fields set."""
     iid = broken_row["instance_id"]
     v = grade(make_job(broken_row, run="brokenimg", model=MODEL), broken_row["patch"], tmp_path,
-              DockerBackend(client=docker_client))
+              DockerGrader(client=docker_client))
     assert v.outcome is EvalOutcome.INFRA_ERROR and not v.resolved, v
     assert v.report["infra_failure"] is True and v.report["infra_failure_reason"] == "environment_broken"
     d = instance_log_dir(tmp_path, "brokenimg", 1, MODEL, iid)
@@ -130,7 +130,7 @@ def test_broken_environment_is_infra_error(broken_row, docker_client, tmp_path):
 
 def test_process_and_docker_backends_agree(docker_verdicts, cases, instances, tmp_path):
     for case, (iid, patch) in cases.items():
-        p = grade(make_job(instances[iid], run="parity", model=MODEL), patch, tmp_path, ProcessBackend())
+        p = grade(make_job(instances[iid], run="parity", model=MODEL), patch, tmp_path, ProcessGrader())
         d = docker_verdicts[case]
         assert (p.outcome, p.resolved) == (d.outcome, d.resolved), case
         assert p.report.get("tests_status") == d.report.get("tests_status"), case
@@ -141,7 +141,7 @@ def test_empty_patch_is_never_graded(eval_images, docker_client, instances, tmp_
     job = make_job(row, run="emptyrun")
     for patch in ("", "\n", None):
         with pytest.raises(ValueError):
-            grade(job, patch, tmp_path, DockerBackend(client=docker_client))
+            grade(job, patch, tmp_path, DockerGrader(client=docker_client))
     assert not (tmp_path / "logs").exists()
     assert _containers(docker_client, row["instance_id"], "emptyrun") == []
 
@@ -152,7 +152,7 @@ def test_endless_tests_time_out(eval_images, docker_client, instances, tmp_path,
                                     "    while True:\n        pass\n    mid = len(ordered) // 2\n")], tmp_path)
     run = f"{unique_run}-loop"
     # long enough for the eval script's `pip install -e .` to finish and the tests to start looping
-    v = grade(make_job(row, run=run, timeout_s=20), patch, tmp_path / "root", DockerBackend(client=docker_client))
+    v = grade(make_job(row, run=run, timeout_s=20), patch, tmp_path / "root", DockerGrader(client=docker_client))
     assert v.outcome is EvalOutcome.TIMEOUT and not v.resolved, v
     assert v.report["infra_failure_reason"] == "tests_timed_out"  # the official v5 classification
     d = instance_log_dir(tmp_path / "root", run, 1, MODEL, row["instance_id"])
@@ -163,7 +163,7 @@ def test_endless_tests_time_out(eval_images, docker_client, instances, tmp_path,
 
 def test_missing_image_is_infra_error(eval_images, docker_client, instances, tmp_path):
     row = {**instances["evalplane__calc-2"], "image": "evalplane-test/no-such-image:latest"}
-    v = grade(make_job(row, run="noimage"), row["patch"], tmp_path, DockerBackend(client=docker_client))
+    v = grade(make_job(row, run="noimage"), row["patch"], tmp_path, DockerGrader(client=docker_client))
     assert v.outcome is EvalOutcome.INFRA_ERROR and not v.resolved
     assert v.report == infra_entry("image_missing") and "not found locally" in v.reason
 
@@ -171,13 +171,13 @@ def test_missing_image_is_infra_error(eval_images, docker_client, instances, tmp
 def test_unreachable_daemon_is_infra_error(instances, tmp_path):
     row = instances["evalplane__calc-2"]
     dead = docker.DockerClient(base_url=f"unix://{tmp_path}/no-docker.sock", version="1.41")
-    v = grade(make_job(row, run="nodaemon"), row["patch"], tmp_path, DockerBackend(client=dead))
+    v = grade(make_job(row, run="nodaemon"), row["patch"], tmp_path, DockerGrader(client=dead))
     assert v.outcome is EvalOutcome.INFRA_ERROR and v.report["infra_failure_reason"] == "container_unavailable"
 
 
 def test_grading_uses_the_image_digest_and_removes_stale_containers(eval_images, docker_client, instances, tmp_path):
     row = instances["evalplane__calc-2"]
-    backend = DockerBackend(client=docker_client)
+    backend = DockerGrader(client=docker_client)
     pinned = backend.pin(row)
     assert pinned.ref == eval_images[row["instance_id"]] and pinned.ref.startswith("sha256:")
     run_id = official_run_id("stale", 2)

@@ -20,7 +20,7 @@ from eval_worker.grading import grade
 from eval_worker.images import recipe_for
 from eval_worker.layout import BASE_TEST_OUTPUT, LOG_FILES, instance_log_dir
 from eval_worker.report import write_run_report
-from eval_worker.sandbox import ProcessBackend
+from eval_worker.process_grader import ProcessGrader
 
 RECIPES = SYNTH / "repos" / "environments.toml"
 ACTIVATE = "source /opt/miniconda3/bin/activate && conda activate testbed"
@@ -146,7 +146,7 @@ def test_instance_without_recipe_and_without_installs_runs(instances, tmp_path):
 def test_environment_is_built_once_each_grading_has_its_own_copy_and_repaired(instances, tmp_path):
     one, two = instances["evalplane__calc-1"], instances["evalplane__calc-2"]
     assert (one["repo"], one["version"]) == (two["repo"], two["version"])
-    backend = ProcessBackend(root=tmp_path / "sandboxes", env_root=tmp_path / "envs")
+    backend = ProcessGrader(root=tmp_path / "sandboxes", env_root=tmp_path / "envs")
     first = backend.create(instance=one, repo_source=bundle_for(one))
     env = first.environment
     assert env.path.parent == tmp_path / "envs" and env.intact()
@@ -154,7 +154,7 @@ def test_environment_is_built_once_each_grading_has_its_own_copy_and_repaired(in
     assert not Path(env.python).resolve().is_relative_to(Path(sys.prefix).resolve())
 
     # a second grading of the same (repo, version) runs beside the first, on the same built environment
-    second = ProcessBackend(root=tmp_path / "sandboxes", env_root=tmp_path / "envs").create(
+    second = ProcessGrader(root=tmp_path / "sandboxes", env_root=tmp_path / "envs").create(
         instance=two, repo_source=bundle_for(two))
     try:
         assert second.environment.path == env.path
@@ -191,7 +191,7 @@ def test_environment_is_built_once_each_grading_has_its_own_copy_and_repaired(in
 
 def test_textkit_version_comes_from_tags_and_untagged_checkouts_are_caught(instances):
     row = instances["evalplane__textkit-2"]  # one commit after v1.1.0; v1.2.0 and v1.3.0 lie in the future
-    sb = ProcessBackend().create(instance=row, repo_source=bundle_for(row))
+    sb = ProcessGrader().create(instance=row, repo_source=bundle_for(row))
     run = (f"{ACTIVATE} && python -m pip install -q -e . && python -c 'import textkit; print(textkit.__version__)' "
            "&& pytest -rA -p no:cacheprovider tests/test_slug.py")
     try:
@@ -219,7 +219,7 @@ def test_environment_that_cannot_run_the_tests_is_infra_error(instances, tmp_pat
     f = tmp_path / "broken.toml"
     good = RecipeBook.load(RECIPES).get("evalplane/calc", "0.2")
     f.write_text(synthetic_recipe(packages=good.requirements(drop=["pytest"])))
-    backend = ProcessBackend(recipes=RecipeBook.load(f), env_root=tmp_path / "envs")
+    backend = ProcessGrader(recipes=RecipeBook.load(f), env_root=tmp_path / "envs")
     logs = tmp_path / "logs"
     v = grade(make_job(row, run="broken-env"), row["patch"], logs, backend)
     assert v.outcome is EvalOutcome.INFRA_ERROR and not v.resolved, v

@@ -17,7 +17,9 @@ from contract.models import EvalOutcome, Verdict
 from eval_worker.grading import grade, infra_entry
 from eval_worker.layout import LOG_FILES, instance_log_dir, official_run_id
 from eval_worker.report import write_run_report
-from eval_worker.sandbox import GradingBackend, ProcessBackend, map_container_paths
+from eval_worker.graders import Grader
+from eval_worker.process_grader import ProcessGrader
+from eval_worker.sandbox import map_container_paths
 
 MODEL = "evalplane/demo-model"
 NON_APPLYING = """\
@@ -244,8 +246,8 @@ def test_clone_failure_is_infra_error(instances, tmp_path):
     assert v.outcome is EvalOutcome.INFRA_ERROR and "sandbox" in v.reason
 
 
-def test_process_backend_is_a_grading_backend():
-    assert isinstance(ProcessBackend(), GradingBackend)
+def test_process_grader_is_a_grader():
+    assert isinstance(ProcessGrader(), Grader)
 
 
 def test_container_paths_are_mapped_outside_heredocs_only():
@@ -265,7 +267,7 @@ def test_container_paths_are_mapped_outside_heredocs_only():
 
 def test_sandbox_env_is_isolated(instances, tmp_path):
     row = instances["evalplane__calc-1"]
-    sb = ProcessBackend(root=tmp_path).create(instance=row, repo_source=make_job(row).repo_source)
+    sb = ProcessGrader(root=tmp_path).create(instance=row, repo_source=make_job(row).repo_source)
     try:
         r = sb.exec("git config --global --add safe.directory /testbed; echo $HOME $TMPDIR $GIT_CONFIG_GLOBAL; "
                     "echo err >&2; command -v python || echo no-python; git rev-parse HEAD; "

@@ -13,7 +13,7 @@ from conftest import _unavailable
 from ew_helpers import make_job
 
 from contract.models import EvalOutcome
-from eval_worker.docker_backend import DockerBackend
+from eval_worker.docker_backend import DockerGrader
 from eval_worker.grading import grade
 from eval_worker.mirror import mirror
 from eval_worker.pinning import ImageResolver
@@ -63,7 +63,7 @@ def test_mirror_then_grade_by_digest_only(registry, docker_client, eval_images, 
     assert rec.digest.startswith("sha256:") and rec.image_id == eval_images[src["instance_id"]]
     docker_client.images.remove(row["image"])  # the local tag is gone: only the registry has it
 
-    backend = DockerBackend(client=docker_client, resolver=ImageResolver(os.environ["DATABASE_URL"], registry))
+    backend = DockerGrader(client=docker_client, resolver=ImageResolver(os.environ["DATABASE_URL"], registry))
     assert backend.pin(row).ref == rec.ref
     v = grade(make_job(row, run=f"{unique}-mirror"), row["patch"], tmp_path, backend)
     assert v.outcome is EvalOutcome.RESOLVED, v

@@ -12,7 +12,7 @@ from ew_helpers import make_job, patch_from_edits
 
 from contract.models import EvalOutcome
 from plumbing.egress import EGRESS_IMAGE, bridge_gateway
-from eval_worker.docker_backend import INDEX_DOWN, DockerBackend
+from eval_worker.docker_backend import INDEX_DOWN, DockerGrader
 from eval_worker.grading import grade, infra_entry
 from eval_worker.layout import instance_log_dir
 
@@ -46,7 +46,7 @@ print(json.dumps(out))
 
 
 def test_a_grading_container_reaches_the_index_and_nothing_else(docker_client, package_index):
-    backend = DockerBackend(client=docker_client, package_index=package_index)
+    backend = DockerGrader(client=docker_client, package_index=package_index)
     sealed = backend.sealed_client
     gateway = bridge_gateway(docker_client)
     index_port = int(package_index.split(":")[2].split("/")[0])
@@ -81,7 +81,7 @@ def test_a_grading_container_reaches_the_index_and_nothing_else(docker_client, p
 
 def test_an_instance_without_its_wheelhouse_resolves_through_the_index(docker_client, package_index, online_row,
                                                                          tmp_path):
-    backend = DockerBackend(client=docker_client, package_index=package_index)
+    backend = DockerGrader(client=docker_client, package_index=package_index)
     v = grade(make_job(online_row, run="online", model=MODEL), online_row["patch"], tmp_path, backend)
     assert v.outcome is EvalOutcome.RESOLVED, (v.reason, v.report)
     out = (instance_log_dir(tmp_path, "online", 1, MODEL, online_row["instance_id"]) / "test_output.txt").read_text()
@@ -93,7 +93,7 @@ def test_an_instance_without_its_wheelhouse_resolves_through_the_index(docker_cl
 def test_with_the_index_down_it_is_infra_error_never_unresolved(docker_client, online_row, tmp_path):
     gateway = bridge_gateway(docker_client)
     down = f"http://{gateway}:9/index/"  # nothing listens there
-    backend = DockerBackend(client=docker_client, package_index=down, network="evalplane-grading-test-down")
+    backend = DockerGrader(client=docker_client, package_index=down, network="evalplane-grading-test-down")
     wrong = patch_from_edits(online_row, [("README.md", "# calc\n", "# calc: a wrong fix\n")], tmp_path)
     try:
         for patch in (online_row["patch"], wrong):  # the gold patch and a wrong one: neither is graded

@@ -10,7 +10,7 @@ import sys
 import pytest
 from ew_helpers import ROOT, SYNTH
 
-from eval_worker.docker_backend import DockerBackend
+from eval_worker.docker_backend import DockerGrader
 from eval_worker.pinning import ImageResolver
 from eval_worker.records import ValidationRecord, validated
 from eval_worker.validation import validate
@@ -29,7 +29,7 @@ def no_records(database_url, instances):
 def test_validation_records_good_and_broken_images(no_records, pg, docker_client, instances, eval_images, broken_row, tmp_path):
     good = instances["evalplane__calc-2"]
     assert validated(pg, [good, broken_row]) == {good["instance_id"]: None, broken_row["instance_id"]: None}
-    _records, errors = validate([good, broken_row], pg, docker_backend=DockerBackend(client=docker_client),
+    _records, errors = validate([good, broken_row], pg, grader=DockerGrader(client=docker_client),
                                logs_root=tmp_path, timeout_s=120)
     assert errors == []
     got = validated(pg, [good, broken_row])
@@ -44,7 +44,7 @@ def test_validation_records_good_and_broken_images(no_records, pg, docker_client
     # the record is per image: the official calc-1 image has no record yet
     assert validated(pg, [instances["evalplane__calc-1"]]) == {"evalplane__calc-1": None}
     # grading resolves a validated instance to the validated digest
-    pinned = DockerBackend(client=docker_client, resolver=ImageResolver(os.environ["DATABASE_URL"])).pin(good)
+    pinned = DockerGrader(client=docker_client, resolver=ImageResolver(os.environ["DATABASE_URL"])).pin(good)
     assert (pinned.ref, pinned.source) == (ok.digest, "validation")
     # and refuses to guess for an image without a valid record when pinning is required
     from eval_worker.pinning import ImageUnavailable

@@ -15,7 +15,7 @@ from contract import aws, signing
 from contract.models import Envelope, EvalOutcome, Verdict
 from eval_worker.environments import RecipeBook
 from eval_worker.layout import BASE_TEST_OUTPUT, LOG_FILES
-from eval_worker.sandbox import ProcessBackend
+from eval_worker.process_grader import ProcessGrader
 from eval_worker.worker import EvalWorker
 
 
@@ -74,7 +74,7 @@ def test_cli_worker_end_to_end(moto_endpoint, instances, unique, tmp_path, verdi
     assert (d / "report.json").exists()
 
 
-class _PeekingBackend(ProcessBackend):
+class _PeekingGrader(ProcessGrader):
     """Sleeps past the visibility timeout, then checks the message being graded stays invisible."""
 
     def __init__(self, sqs, queue_url, **kw):
@@ -95,8 +95,8 @@ def test_worker_keeps_message_invisible_and_drops_poison(moto_endpoint, instance
     job = _job(row, bucket, unique, resq, NON_APPLYING, attempt=2)
     aws.send(evalq, job.model_dump_json())
 
-    backend = _PeekingBackend(sqs, evalq)
-    worker = EvalWorker(evalq, tmp_path, backend=backend, visibility_timeout=1, wait_time_s=1)
+    backend = _PeekingGrader(sqs, evalq)
+    worker = EvalWorker(evalq, tmp_path, grader=backend, visibility_timeout=1, wait_time_s=1)
     worker.run(idle_exit=2)
 
     assert worker.processed == 1

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from eval_worker.environments import state_dir
-from eval_worker.sandbox import GRADER_USER, ProcessBackend
+from eval_worker.process_grader import ProcessGrader
+from eval_worker.sandbox import GRADER_USER
 from harness.sandbox import AGENT_USER
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +52,7 @@ def sandbox(tmp_path_factory):
         pytest.fail(msg) if os.environ.get("CI") == "true" else pytest.skip(msg)
     row = next(json.loads(x) for x in (SYNTHETIC / "instances.jsonl").read_text().splitlines()
                if json.loads(x)["instance_id"] == "evalplane__calc-1")
-    sb = ProcessBackend(root=tmp_path_factory.mktemp("grading-sandboxes")).create(
+    sb = ProcessGrader(root=tmp_path_factory.mktemp("grading-sandboxes")).create(
         instance=row, repo_source=str(SYNTHETIC / "repos" / "evalplane__calc.bundle"))
     yield sb
     sb.close()
