@@ -18,7 +18,14 @@ import docker.errors
 
 from contract import task_shape
 from contract.models import AttemptRef
-from dispatcher.launchers.base import AttemptEnv, LaunchContext, Launcher, LaunchMeter, TaskHandle, no_attempt_env
+from dispatcher.launchers.base import (
+    AttemptEnv,
+    LaunchContext,
+    Launcher,
+    LaunchMeter,
+    TaskHandle,
+    no_attempt_env,
+)
 from harness.sandbox import ISOLATE_ENV
 from plumbing.egress import EGRESS_IMAGE, Egress
 

@@ -34,8 +34,15 @@ from botocore.exceptions import ClientError
 
 from contract import task_shape
 from contract.models import AttemptRef
-from dispatcher.launchers.base import AttemptEnv, LaunchContext, Launcher, LaunchMeter, TaskHandle, no_attempt_env
 from dispatcher.backends.stack_outputs import StackOutputs
+from dispatcher.launchers.base import (
+    AttemptEnv,
+    LaunchContext,
+    Launcher,
+    LaunchMeter,
+    TaskHandle,
+    no_attempt_env,
+)
 from dispatcher.launchers.task_definitions import (
     PgRevisionCache,
     RevisionCache,

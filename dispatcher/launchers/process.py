@@ -15,7 +15,14 @@ from urllib.parse import urlsplit
 
 from contract import task_shape
 from contract.models import AttemptRef
-from dispatcher.launchers.base import AttemptEnv, LaunchContext, Launcher, LaunchMeter, TaskHandle, no_attempt_env
+from dispatcher.launchers.base import (
+    AttemptEnv,
+    LaunchContext,
+    Launcher,
+    LaunchMeter,
+    TaskHandle,
+    no_attempt_env,
+)
 from harness import sandbox
 from plumbing import system_user
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
 from test_local_run import SYNTHETIC, dispatcher, write_spec
 
 from tests.seams.recording import LAUNCHES
