@@ -334,8 +334,10 @@ def main() -> int:
 
         from contract import aws, db
         from contract.signing import RunKeys
+        from dispatcher import backends
         from dispatcher.backends import daemons
         from dispatcher.backends import resources
+        from dispatcher.backends.base import attempt_env
         from dispatcher.driver import loop as runmod
         from dispatcher.driver.actors import PoolPacer, ResultsWriterActor
         from dispatcher.plan import make_plan
@@ -353,7 +355,7 @@ def main() -> int:
         runmod.open_run(conn, plan)
         res = resources.ensure(spec.run.name)
         # as a run: the run secret and the verdict key in 0600 files the writers load; tasks get attempt keys
-        key_files = (str(tmp / "run.key"), str(runmod.verdict_key_file()))
+        key_files = (str(tmp / "run.key"), str(backends.for_spec(spec).verdict_key_file()))
         run_keys = RunKeys.load(*key_files)
         valkey_url = os.environ.get("VALKEY_URL", "redis://127.0.0.1:6379/0")
         aws_env = daemons.aws_env()
@@ -365,7 +367,7 @@ def main() -> int:
         drop = {r.instance_id for r in random.Random(3).sample(plan.refs, args.drop)} if args.drop else set()
         launcher = SimLauncher(res.results_queue_url, res.bucket, spec.pool, spec.model.model, valkey_url,
                                aws_env | {"DATABASE_URL": db.database_url()}, task_s=args.task_s,
-                               batches=args.batches, drop=drop, expected=n, attempt_env=runmod.attempt_env(run_keys))
+                               batches=args.batches, drop=drop, expected=n, attempt_env=attempt_env(run_keys))
         loop = runmod.DriverLoop(plan, res, conn, redis.Redis.from_url(valkey_url), launcher, pacer,
                                  lambda ref: runmod.make_job(plan, res, ref, "http://gateway.invalid", valkey_url),
                                  run_keys)

@@ -38,7 +38,7 @@ from contract.models import (
     Totals,
     utcnow,
 )
-from dispatcher.launchers.base import AttemptEnv, LaunchMeter, TaskHandle, no_attempt_env
+from dispatcher.launchers.base import AttemptEnv, Launcher, LaunchMeter, TaskHandle, no_attempt_env
 
 CALLS_PER_TASK = 10
 DONE_TTL_S = 600  # as harness/task.py: the "result sent" mark
@@ -259,7 +259,7 @@ def _fleet_main(conn, env: dict[str, str], kwargs: dict) -> None:
     Fleet(conn, **kwargs).run()
 
 
-class SimLauncher:
+class SimLauncher(Launcher):
     """The driver's side: each launch goes to the fleet process (in batches, once a pass), and poll answers from
     the exits the fleet reports."""
 

@@ -438,14 +438,10 @@ class Target:
 
 
 def target(spec) -> Target:
-    """The spec's registry, or on AWS the estate's ECR repository (the build tier pushes there)."""
-    if spec.backend.kind == "aws":
-        from dispatcher.backends.stack_outputs import StackOutputs
+    """The spec's registry, or on AWS the estate's ECR repository (the build tier pushes there): its backend's say."""
+    from dispatcher import backends
 
-        url = StackOutputs.load(spec.backend.stack_outputs).task_images_repository_url  # <registry>/<repository>
-        host, _, repo = url.partition("/")
-        return Target(host, repo, spec.images.instance_registry)
-    return Target(spec.images.registry or "", spec.images.repository, spec.images.instance_registry)
+    return backends.for_spec(spec).image_target()
 
 
 def for_plan(plan, conn: psycopg.Connection, *, build: bool, force: bool = False,

@@ -26,7 +26,7 @@ class Plan:
     @property
     def in_task_images(self) -> bool:
         """Tasks run in task images (docker launcher, AWS), not as local processes on a checkout."""
-        return self.spec.backend.kind == "aws" or self.spec.backend.launcher == "docker"
+        return self.spec.backend.in_task_images
 
     @property
     def spec_hash(self) -> str:
@@ -60,7 +60,7 @@ def make_plan(spec: Spec, spec_file: str = "spec.toml") -> Plan:
             bundle = Path(spec.instances.repos) / repo_bundle_name(r["repo"])
             if bundle.is_file():
                 bundles[r["instance_id"]] = str(bundle)
-    in_images = spec.backend.kind == "aws" or spec.backend.launcher == "docker"
+    in_images = spec.backend.in_task_images
     # Without task images, the process launcher clones a bundle and the process grading backend grades in one: an
     # instance with neither cannot run here (real instances run in their task images: backend.launcher = "docker").
     needs_bundle = []

@@ -142,12 +142,16 @@ class BudgetSpec(Strict):
 
 
 class BackendSpec(Strict):
-    kind: Literal["local", "aws"] = "local"
+    kind: str = Field("local", description=(
+        "a registered backend (dispatcher.backends.BACKENDS: local, aws) or a dotted path 'package.module:Class' to "
+        "a Backend subclass"))
     concurrency: int = Field(4, ge=1, le=20000)
-    launcher: Literal["process", "docker"] | None = Field(
-        None, description="local: a subprocess per task (repositories from instances.repos), or a container per "
-                          "task from its task image on the local Docker engine. Default: process, or docker for a "
-                          "harness installed only in its image layer (the npm harnesses)")
+    launcher: str | None = Field(
+        None, description="a registered launcher (dispatcher.launchers.LAUNCHERS) or a dotted path "
+                          "'package.module:Class' to a Launcher subclass. local: process (a subprocess per task, "
+                          "repositories from instances.repos) or docker (a container per task from its task image on "
+                          "the local Docker engine); aws: ecs. Default: process locally, or docker for a harness "
+                          "installed only in its image layer (the npm harnesses); ecs on aws")
     stack_outputs: str | None = Field(None, description="`pulumi stack output --json` file (backend aws)")
     isolate_agent: bool = Field(True, description=(
         "run the harness as an unprivileged user of its own (harness/sandbox.py), apart from the task runner and "
@@ -168,6 +172,48 @@ class BackendSpec(Strict):
         " and region)"))
     launch_burst: int = Field(100, ge=1, le=10000, description="backend aws: launches allowed at once above the rate")
 
+    @field_validator("kind")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        from dispatcher.backends import BACKENDS
+        from plumbing.registry import UnknownName
+
+        try:
+            BACKENDS.get(v)
+        except UnknownName as e:
+            raise ValueError(str(e)) from None
+        return v
+
+    @field_validator("launcher")
+    @classmethod
+    def _known_launcher(cls, v: str | None) -> str | None:
+        from dispatcher.launchers import LAUNCHERS
+        from plumbing.registry import UnknownName
+
+        if v is not None:
+            try:
+                LAUNCHERS.get(v)
+            except UnknownName as e:
+                raise ValueError(str(e)) from None
+        return v
+
+    @property
+    def backend_class(self):
+        from dispatcher.backends import BACKENDS
+
+        return BACKENDS.get(self.kind)
+
+    @property
+    def launcher_class(self):
+        from dispatcher.launchers import LAUNCHERS
+
+        return LAUNCHERS.get(self.launcher)
+
+    @property
+    def in_task_images(self) -> bool:
+        """Tasks run in task images (their launcher's say: docker, ecs), not as local processes on a checkout."""
+        return self.launcher_class.task_images
+
     @property
     def writer_count(self) -> int:
         return self.writers or min(8, max(1, -(-self.concurrency // 250)))
@@ -183,9 +229,9 @@ class BackendSpec(Strict):
         return str(p.resolve())
 
     @model_validator(mode="after")
-    def _aws_needs_outputs(self) -> BackendSpec:
-        if self.kind == "aws" and not self.stack_outputs:
-            raise ValueError("stack_outputs is required when kind = 'aws'")
+    def _backend_needs(self) -> BackendSpec:
+        if problem := self.backend_class.spec_problem(self):  # e.g. aws: its stack outputs
+            raise ValueError(problem)
         return self
 
 
@@ -266,10 +312,15 @@ class Spec(Strict):
 
     @model_validator(mode="after")
     def _eval_backend_follows_tasks(self) -> Spec:
-        adapter = self.harness.adapter
+        adapter, backend = self.harness.adapter, self.backend.backend_class
         if self.backend.launcher is None:
-            self.backend.launcher = "docker" if adapter.needs_image else "process"
-        elif self.backend.kind == "local" and self.backend.launcher == "process" and adapter.needs_image:
+            self.backend.launcher = backend.default_launcher(adapter)
+        elif not backend.runs(self.backend.launcher_class):
+            raise PydanticCustomError("spec_field", (
+                "the {kind} backend does not run tasks with the launcher {launcher}: one of {choices}, or a dotted "
+                "path to a Launcher of its own"), {"kind": self.backend.kind, "launcher": self.backend.launcher,
+                                                   "choices": ", ".join(backend.launchers), "field": "backend.launcher"})
+        elif adapter.needs_image and not self.backend.in_task_images:
             raise PydanticCustomError("spec_field", (
                 "harness {harness} is installed only in its task image layer; use launcher = \"docker\" (or leave it "
                 "unset)"), {"harness": self.harness.name, "field": "backend.launcher"})
@@ -277,8 +328,7 @@ class Spec(Strict):
             raise PydanticCustomError("spec_field", "harness {harness} speaks only to {providers}", {
                 "harness": self.harness.name, "providers": " or ".join(adapter.providers), "field": "model.provider"})
         if self.eval.backend is None:
-            in_images = self.backend.kind == "aws" or self.backend.launcher == "docker"
-            self.eval.backend = "docker" if in_images else "process"
+            self.eval.backend = "docker" if self.backend.in_task_images else "process"
         return self
 
     @property

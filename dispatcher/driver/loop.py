@@ -14,16 +14,12 @@ that cannot change.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import secrets
-import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import psycopg
 import ray
@@ -31,7 +27,7 @@ import redis
 from botocore.exceptions import ClientError
 from psycopg.types.json import Jsonb
 
-from contract import aws, db, keys, signing, task_shape, valkey_auth
+from contract import aws, db, keys, valkey_auth
 from contract.models import (
     AttemptLimits,
     AttemptRef,
@@ -47,20 +43,17 @@ from contract.models import (
     utcnow,
 )
 from contract.signing import RunKeys
-from dispatcher.backends import daemons
-from dispatcher.backends import resources
-from dispatcher.driver.actors import PoolPacer, ResultsWriterActor
-from dispatcher.launchers.base import TaskHandle
-from dispatcher.launchers.process import ProcessLauncher, local_task_env
-from harness.sandbox import ISOLATE_ENV
+from dispatcher import backends
+from dispatcher.backends import daemons, resources
+from dispatcher.backends.base import attempt_env
+from dispatcher.backends.resources import RunResources
 from dispatcher.dashboard.live import start_live
-from dispatcher.backends.local_services import LocalServices
-from dispatcher.plan import Plan
+from dispatcher.driver.actors import PoolPacer, ResultsWriterActor
 from dispatcher.driver.fleet import Planner, observe
 from dispatcher.driver.progress import Progress
-from dispatcher.backends.resources import RunResources
 from dispatcher.driver.writer import ResultsWriter
-from eval_worker import package_index
+from dispatcher.launchers.base import LaunchContext, Launcher, TaskHandle
+from dispatcher.plan import Plan
 
 log = logging.getLogger("evalplane.dispatcher")
 
@@ -70,7 +63,6 @@ RETRY_RESOLVE_S = 10.0  # a resolution that failed (S3 or the database unreachab
 VERDICT_CHECK_S = 5.0  # how often the driver looks at grading while patches wait for verdicts
 PASS_BUDGET_S = 0.5  # launching and resolving stop for the pass after this long (the rest go next pass)
 LAUNCH_CHUNK = 64  # job documents written (in parallel) and tasks launched per step within a pass
-UPSTREAM_KEY_ENV = task_shape.UPSTREAM_KEY_ENV
 
 
 class RunConflict(Exception):
@@ -112,27 +104,6 @@ def landed_status(conn: psycopg.Connection, run: str) -> dict[tuple[str, int], s
     return {(i, a): s for i, a, s in rows}
 
 
-def _json_line(row: dict) -> str:
-    return json.dumps(row, default=str) + "\n"
-
-
-def simulator_args(plan: Plan, run_dir: Path) -> list[str]:
-    sim = plan.spec.simulator
-    dataset = run_dir / "instances.jsonl"
-    dataset.write_text("".join(_json_line(r) for r in plan.rows.values()))
-    argv = ["--dataset", str(dataset), "--policy", sim.policy if sim else "echo"]
-    for flag in ("rpm", "tpm", "itpm", "otpm"):
-        if sim and getattr(sim, flag):
-            argv += [f"--{flag}", str(getattr(sim, flag))]
-    if sim and sim.error_rate:
-        argv += ["--error-rate", str(sim.error_rate)]
-    if sim and sim.error_statuses:
-        argv += ["--error-statuses", ",".join(map(str, sim.error_statuses))]
-    if sim and sim.seed is not None:
-        argv += ["--seed", str(sim.seed)]
-    return argv
-
-
 def make_job(plan: Plan, res: RunResources, ref: AttemptRef, upstream_url: str, valkey_url: str) -> Job:
     spec = plan.spec
     return Job(
@@ -150,59 +121,6 @@ def make_job(plan: Plan, res: RunResources, ref: AttemptRef, upstream_url: str, 
         artifacts_prefix=res.artifacts_prefix(ref),
         valkey_url=valkey_url,
     )
-
-
-def make_launcher(plan: Plan, run_dir: Path, task_env: dict[str, str], key: str, upstream: str, valkey_url: str,
-                  run_keys: RunKeys, valkey_user: dict[str, str]):
-    """The local launchers: a subprocess per task, or a container per task behind the egress. valkey_url: without
-    credentials (tasks get the run's Valkey user, valkey_user, in their environment)."""
-    spec = plan.spec
-    if spec.backend.launcher == "process":
-        return ProcessLauncher(run_dir / "tasks", task_env, attempt_env(run_keys),
-                               isolate_agent=spec.backend.isolate_agent)
-    from dispatcher.launchers.docker import DockerLauncher
-
-    aws_env = daemons.aws_env()
-    endpoints = sorted({v for k, v in aws_env.items() if k.startswith("AWS_ENDPOINT_URL")})
-    env = aws_env | valkey_user | {UPSTREAM_KEY_ENV: key, "EVALPLANE_STATE_DIR": task_shape.STATE_DIR,
-                                   ISOLATE_ENV: "1" if spec.backend.isolate_agent else "0"}
-    # EVALPLANE_TASK_NETWORK: another network (and egress) than the default, for runs sharing one engine at once
-    network = os.environ.get("EVALPLANE_TASK_NETWORK", "evalplane-tasks")
-    return DockerLauncher(env, [upstream, valkey_url, *endpoints], log_dir=run_dir / "tasks",
-                          attempt_env=attempt_env(run_keys), network=network)
-
-
-def attempt_env(run_keys: RunKeys):
-    """What each task gets besides the run's environment: its attempt's key, to sign its messages with."""
-    return lambda ref: {signing.ATTEMPT_KEY_ENV: run_keys.attempt_key(ref).decode()}
-
-
-def verdict_key_file(outputs=None) -> Path:
-    """The verdict key's 0600 file: locally made on first use; on AWS the estate's secret (the eval fleet's task
-    definition holds the same one), copied here for the results writers."""
-    folder = daemons.state_dir() / "keys"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    if outputs is None:
-        return folder / "verdict.key"
-    secret = outputs.required("verdict_key_secret_arn")
-    value = aws.client("secretsmanager").get_secret_value(SecretId=secret)["SecretString"]
-    path = folder / f"verdict.{outputs.region}.key"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(value.strip())
-    return path
-
-
-def run_valkey_user(admin: redis.Redis, valkey_url: str, spec, run_keys: RunKeys) -> dict[str, str]:
-    """The run's own Valkey user (its keys and its pool's pacing keys only), created with the admin connection:
-    the environment that hands it to tasks. Refuses a server without credentials: there, tasks could write any
-    run's keys."""
-    if not valkey_auth.has_credentials(valkey_url):
-        raise RuntimeError("VALKEY_URL has no credentials: tasks could read and write every run's keys there;"
-                           " use the project's own server (scripts/stack.sh up) or one with AUTH")
-    password = signing.valkey_password(run_keys.run_secret)
-    user = valkey_auth.ensure_run_user(admin, spec.run.name, spec.pool, password)
-    return {valkey_auth.USER_ENV: user, valkey_auth.PASSWORD_ENV: password}
 
 
 def land_attempt(res: RunResources, plan: Plan, ref: AttemptRef, outcome: HarnessOutcome, why: str,
@@ -233,7 +151,10 @@ def unreported_result(plan: Plan, ref: AttemptRef, why: str, rows: list[dict]) -
 
 
 def execute(plan: Plan, valkey_url: str, console=None) -> str:
-    """Run (or resume) the plan to the end. Returns 'finished' (or the earlier state if nothing was left)."""
+    """Run (or resume) the plan to the end. Returns 'finished' (or the earlier state if nothing was left).
+
+    Everything that differs between where runs happen is asked of the spec's backend (dispatcher.backends): its
+    queues and keys, its Valkey, the upstream, its launcher, its eval workers."""
     spec = plan.spec
     run = spec.run.name
     conn = db.connect()
@@ -242,58 +163,22 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
     if state == "finished":
         return state
 
-    run_dir = daemons.state_dir() / "runs" / run
-    run_dir.mkdir(parents=True, exist_ok=True)
-    workers: list[subprocess.Popen] = []
-    services = LocalServices(run_dir)
-    outputs = None
-    if spec.backend.kind == "aws":
-        from dispatcher.launchers.ecs import EcsLauncher
-        from dispatcher.backends.stack_outputs import StackOutputs
-
-        outputs = StackOutputs.load(spec.backend.stack_outputs)
-        res = resources.ensure(run, bucket=outputs.bucket, queue_prefix=outputs.queue_prefix)
-        valkey_url = os.environ.get("VALKEY_URL") or outputs.dispatcher_valkey_url()
-        aws_env = daemons.aws_env()
-    else:
-        daemons.ensure_moto()
-        res = resources.ensure(run)
+    backend = backends.for_spec(spec)
+    res = backend.run_resources()
     # The run secret (attempt keys derive from it) and the verdict key: 0600 files the writers read; never a task's.
-    key_files = (str(run_dir / "run.key"), str(verdict_key_file(outputs)))
+    key_files = backend.key_files()
     run_keys = RunKeys.load(*key_files)
+    valkey_url = backend.valkey_url(valkey_url)
     valkey_admin = redis.Redis.from_url(valkey_url)
+    aws_env = backend.aws_env()
     try:
-        if spec.backend.kind == "aws":
-            # The provider key reaches tasks from Secrets Manager through their task definition, never from here.
-            # So does Valkey's harness user; the attempt key rides in each RunTask's environment override.
-            upstream = spec.model.base_url or outputs.gateway_url
-            launcher = EcsLauncher.from_stack_outputs(outputs, launch_rate_per_s=spec.backend.launch_rate_per_s,
-                                                      launch_burst=spec.backend.launch_burst,
-                                                      attempt_env=attempt_env(run_keys))
-            launcher.launch_eval_workers(spec.eval.workers, run=run, command=[
-                "--queue", res.eval_queue_url, "--backend", spec.eval.backend, "--idle-exit", "900"])
-        else:
-            if spec.model.base_url:
-                upstream, key = spec.model.base_url, os.environ.get(spec.model.api_key_env, "")
-                if not key:
-                    raise RuntimeError(f"model.api_key_env: environment variable {spec.model.api_key_env} is not set")
-            else:
-                upstream, key = services.simulator(simulator_args(plan, run_dir), "sk-sim-" + secrets.token_hex(16))
-            aws_env = daemons.aws_env()
-            # Tasks: no database, no admin Valkey URL; the run's Valkey user, and (per attempt) its attempt key.
-            valkey_user = run_valkey_user(valkey_admin, valkey_url, spec, run_keys)
-            task_env = local_task_env({**aws_env, UPSTREAM_KEY_ENV: key, **valkey_user,
-                                       "EVALPLANE_STATE_DIR": str(daemons.state_dir())})
-            worker_env = local_task_env({**aws_env, "EVALPLANE_STATE_DIR": str(daemons.state_dir()),
-                                         "DATABASE_URL": db.database_url(),
-                                         signing.VERDICT_KEY_ENV: run_keys.verdict_key.decode()})
-            if spec.eval.backend == "docker":  # the one thing a grading container may reach
-                worker_env[package_index.PACKAGE_INDEX_ENV] = daemons.ensure_package_index()
-            workers = services.eval_workers(plan.spec.eval.workers, [
-                "--queue", res.eval_queue_url, "--logs-root", str(run_dir / "eval"), "--backend", spec.eval.backend],
-                worker_env)
-            launcher = make_launcher(plan, run_dir, task_env, key, upstream,
-                                     valkey_auth.without_credentials(valkey_url), run_keys, valkey_user)
+        upstream, key = backend.upstream(plan)
+        launcher = backend.make_launcher(LaunchContext(
+            plan=plan, backend=backend, run_dir=backend.run_dir, state_dir=daemons.state_dir(),
+            upstream_url=upstream, upstream_key=key, valkey_url=valkey_auth.without_credentials(valkey_url),
+            valkey_user=backend.task_valkey_user(valkey_admin, valkey_url, run_keys), aws_env=aws_env,
+            attempt_env=attempt_env(run_keys)))
+        backend.start_eval_workers(res, run_keys)
 
         ray_init(spec.backend.dashboard, aws_env)
         writers = [ResultsWriterActor.options(name=f"results-writer:{run}:{i}", namespace="evalplane",
@@ -313,9 +198,7 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
         progress = Progress(console, run, len(plan.refs),
                             live=start_live(valkey_admin, plan, loop, valkey_url, console))
         while not loop.step(progress):
-            for w in workers:
-                if w.poll() is not None:
-                    raise RuntimeError(f"an eval worker exited with code {w.returncode}; see {run_dir}")
+            backend.check_eval_workers()
             time.sleep(0.05 if loop.launch_backlog else 0.5)  # launches left for the next pass: no pause
         progress.done(loop.launch_report(), loop.resolved)
         loop.resolver.close()
@@ -325,16 +208,12 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
         conn.execute("UPDATE runs SET status = CASE WHEN status = 'cancelled' THEN status ELSE 'finished' END,"
                      " finished_at = now() WHERE run = %s", (run,))
         conn.commit()
-        services.stop_all()
+        backend.finish(valkey_admin)
         resources.remove_queues(res)
         remove_run_keys(valkey_admin, run)
-        if spec.backend.kind != "aws":
-            valkey_auth.remove_run_user(valkey_admin, run)
         return "finished"
     finally:
-        for w in workers:
-            if w.poll() is None:
-                w.terminate()
+        backend.stop_eval_workers()
         conn.close()
 
 
@@ -343,7 +222,8 @@ class DriverLoop:
 
     PLAN_EVERY_S = 10.0
 
-    def __init__(self, plan: Plan, res: RunResources, conn, valkey, launcher, pacer, make_job_doc, run_keys: RunKeys):
+    def __init__(self, plan: Plan, res: RunResources, conn, valkey, launcher: Launcher, pacer, make_job_doc,
+                 run_keys: RunKeys):
         self.plan, self.res, self.conn, self.valkey = plan, res, conn, valkey
         self.launcher, self.pacer, self.make_job_doc = launcher, pacer, make_job_doc
         self.run_keys = run_keys
@@ -381,8 +261,7 @@ class DriverLoop:
         landed = self.landed
         now = time.monotonic()
         self.busy_s["land check"] += now - t0
-        if hasattr(self.launcher, "retry_pending"):
-            self.launcher.retry_pending()  # ECS: attempts not placed yet (capacity), when they are due
+        self.launcher.retry_pending()  # ECS: attempts not placed yet (capacity), when they are due
         self._reap(landed, now)
         if counts.get("PATCH_READY") and now >= self._next_verdict_check:
             self._next_verdict_check = now + VERDICT_CHECK_S
@@ -454,9 +333,7 @@ class DriverLoop:
         time, stopping for this pass after PASS_BUDGET_S (and at the launcher's quota: launch_room)."""
         # A task counts until its row has landed: when results land slower than tasks finish (a slow writer,
         # a backed-up queue), launching stops instead of piling more results onto the queue.
-        room = self.target - len(self.running)
-        if hasattr(self.launcher, "launch_room"):
-            room = min(room, self.launcher.launch_room())
+        room = min(self.target - len(self.running), self.launcher.launch_room())
         batch: list[AttemptRef] = []
         for ref in self._pending(landed):
             if len(batch) >= room:
@@ -476,10 +353,7 @@ class DriverLoop:
             list(self.pool.map(lambda d: aws.put_text(*d), docs))
             t1 = time.monotonic()
             items = [(r, self.res.job_uri(r), self.plan.task_images.get(r.instance_id)) for r in chunk]
-            if hasattr(self.launcher, "launch_many"):  # ECS: RunTask calls in parallel, up to the quota
-                handles = self.launcher.launch_many(items)
-            else:
-                handles = [self.launcher.launch(*it) for it in items]
+            handles = self.launcher.launch_many(items)  # ECS: RunTask calls in parallel, up to the quota
             for ref, handle in zip(chunk, handles):
                 self.running[ref] = Running(handle=handle, started=now)
             t2 = time.monotonic()
@@ -490,7 +364,7 @@ class DriverLoop:
                 break
 
     def launch_report(self) -> str | None:
-        return self.launcher.launch_report() if hasattr(self.launcher, "launch_report") else None
+        return self.launcher.launch_report()
 
     def _pending(self, landed: dict):
         """Attempts without a row and without a task of ours, in plan order (a cursor, not a rescan)."""

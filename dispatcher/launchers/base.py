@@ -1,15 +1,27 @@
-"""The Launcher seam: start one isolated task per attempt, handing it only its job reference."""
+"""The Launcher seam: start one isolated task per attempt, handing it only its job reference.
+
+A launcher is a `Launcher` subclass, registered by name in `dispatcher.launchers.LAUNCHERS` (or named by a dotted
+path "package.module:Class" in `backend.launcher`), and built by its backend from a `LaunchContext` (`create`).
+The driver loop calls every method unconditionally: the optional ones have serial / no-op defaults here.
+"""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from contract.models import AttemptRef
+
+if TYPE_CHECKING:
+    from dispatcher.backends.base import Backend
+    from dispatcher.plan import Plan
 
 AttemptEnv = Callable[[AttemptRef], dict[str, str]]  # the secrets one attempt's task gets (its attempt key)
 
@@ -24,26 +36,83 @@ class TaskHandle:
     task_id: str  # pid, container id or ECS task ARN
 
 
-class Launcher(Protocol):
+@dataclass
+class LaunchContext:
+    """Everything a backend hands a launcher to build itself from (`Launcher.create`)."""
+
+    plan: Plan
+    backend: Backend  # the run's backend (the ECS launcher reads its stack outputs)
+    run_dir: Path  # the run's folder on the dispatcher's host (task logs go under run_dir / "tasks")
+    state_dir: Path  # the dispatcher's state folder
+    upstream_url: str  # the provider gateway or the simulator, as the dispatcher reaches it
+    upstream_key: str  # the run's provider key ("" where tasks get it elsewhere: ECS task definitions)
+    valkey_url: str  # without credentials: tasks get the run's Valkey user (valkey_user) in their environment
+    valkey_user: dict[str, str]  # the run's Valkey user's environment ({} where tasks get it elsewhere)
+    aws_env: dict[str, str]  # the AWS endpoints and region the dispatcher uses
+    attempt_env: AttemptEnv = no_attempt_env  # what one attempt's task gets besides (its attempt key)
+    extra: dict[str, Any] = field(default_factory=dict)  # what a custom backend hands its custom launchers
+
+
+class Launcher(ABC):
+    """How tasks start, end and are found again. Subclasses declare what they need of the run:
+
+    - `backend`: the backend they run under (a BACKENDS name or dotted path; a subclass of it qualifies);
+    - `task_images`: whether each attempt runs in its task image (dispatcher.images), rather than on a local
+      checkout of its repository's bundle;
+    - `paced`: whether it paces launches to backend.launch_rate_per_s and backend.launch_burst (ECS's quota);
+    - `problem(spec)`: why this spec's tasks cannot run here (None when they can), before anything starts."""
+
+    backend: ClassVar[str] = "local"
+    task_images: ClassVar[bool] = False
+    paced: ClassVar[bool] = False  # launches are paced to a quota (backend.launch_rate_per_s, launch_burst)
+
+    @classmethod
+    def create(cls, ctx: LaunchContext) -> Launcher:
+        """The launcher for a run, from what its backend hands it."""
+        raise NotImplementedError(f"{cls.__module__}.{cls.__qualname__} does not define create(LaunchContext)")
+
+    @classmethod
+    def problem(cls, spec) -> str | None:
+        return None
+
+    @abstractmethod
     def launch(self, ref: AttemptRef, job_uri: str, image: str | None = None) -> TaskHandle:
         """Start the task; it fetches its job from job_uri; its environment adds only the launcher's attempt_env(ref)
         (its attempt key). image: the attempt's task image by digest (its instance's image plus the runtime layer);
-        None for the process launcher."""
+        None where tasks do not run in task images."""
 
+    @abstractmethod
     def poll(self, handle: TaskHandle) -> int | None:
         """None while running, else the exit code."""
 
+    @abstractmethod
     def stop(self, handle: TaskHandle) -> None:
         """Stop a task (cancel, or the wall-time guard)."""
 
     def find_running(self, run: str) -> list[TaskHandle]:
         """The run's tasks still alive, found again after a dispatcher restart ([] where not possible)."""
+        return []
 
     def task_url(self, url: str) -> str:
         """How a task reaches an endpoint the dispatcher knows as `url` (write this into job documents)."""
+        return url
 
-    def launch_report(self) -> str:
-        """The launcher's launch rate, as it measures (or is paced to) it, in a few words."""
+    def launch_many(self, items: list[tuple[AttemptRef, str, str | None]]) -> list[TaskHandle]:
+        """launch() for each (attempt, job URI, task image); one after the other unless a launcher does better."""
+        return [self.launch(*it) for it in items]
+
+    def launch_room(self) -> int:
+        """Tasks that may start now without waiting for a launch quota (no quota: no bound)."""
+        return sys.maxsize
+
+    def retry_pending(self) -> int:
+        """Start what could not be placed before and is due (a launcher that places everything at once: nothing).
+        Returns tasks placed."""
+        return 0
+
+    def launch_report(self) -> str | None:
+        """The launcher's launch rate, as it measures (or is paced to) it, in a few words (None: not measured)."""
+        return None
 
 
 class LaunchMeter:

@@ -8,6 +8,7 @@ run, instance and attempt, so a resumed dispatcher finds the ones still running 
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,8 +16,17 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from contract import task_shape
 from contract.models import AttemptRef
-from dispatcher.launchers.base import AttemptEnv, LaunchMeter, TaskHandle, no_attempt_env
+from dispatcher.launchers.base import (
+    AttemptEnv,
+    LaunchContext,
+    Launcher,
+    LaunchMeter,
+    TaskHandle,
+    no_attempt_env,
+)
+from harness.sandbox import ISOLATE_ENV
 from plumbing.egress import EGRESS_IMAGE, Egress
 
 L_ROLE, L_RUN, L_INSTANCE, L_ATTEMPT = "evalplane.role", "evalplane.run", "evalplane.instance", "evalplane.attempt"
@@ -27,7 +37,22 @@ def container_name(ref: AttemptRef) -> str:
     return re.sub(r"[^a-zA-Z0-9_.-]", "_", f"ep-{ref.run}-{ref.instance_id}-{ref.attempt}")
 
 
-class DockerLauncher:
+class DockerLauncher(Launcher):
+    backend = "local"
+    task_images = True
+
+    @classmethod
+    def create(cls, ctx: LaunchContext) -> DockerLauncher:
+        """Tasks reach the upstream, Valkey and the S3/SQS endpoints, through the egress, and nothing else."""
+        endpoints = sorted({v for k, v in ctx.aws_env.items() if k.startswith("AWS_ENDPOINT_URL")})
+        env = ctx.aws_env | ctx.valkey_user | {
+            task_shape.UPSTREAM_KEY_ENV: ctx.upstream_key, "EVALPLANE_STATE_DIR": task_shape.STATE_DIR,
+            ISOLATE_ENV: "1" if ctx.plan.spec.backend.isolate_agent else "0"}
+        # EVALPLANE_TASK_NETWORK: another network (and egress) than the default, for runs sharing one engine at once
+        network = os.environ.get("EVALPLANE_TASK_NETWORK", "evalplane-tasks")
+        return cls(env, [ctx.upstream_url, ctx.valkey_url, *endpoints], log_dir=ctx.run_dir / "tasks",
+                   attempt_env=ctx.attempt_env, network=network)
+
     def __init__(self, env: dict[str, str], allowed: Sequence[str], *, egress_image: str = EGRESS_IMAGE,
                  network: str = "evalplane-tasks", log_dir: Path | None = None,
                  mem_limit: str | None = "4g", nano_cpus: int | None = None,

@@ -34,8 +34,15 @@ from botocore.exceptions import ClientError
 
 from contract import task_shape
 from contract.models import AttemptRef
-from dispatcher.launchers.base import AttemptEnv, LaunchMeter, TaskHandle, no_attempt_env
 from dispatcher.backends.stack_outputs import StackOutputs
+from dispatcher.launchers.base import (
+    AttemptEnv,
+    LaunchContext,
+    Launcher,
+    LaunchMeter,
+    TaskHandle,
+    no_attempt_env,
+)
 from dispatcher.launchers.task_definitions import (
     PgRevisionCache,
     RevisionCache,
@@ -111,7 +118,20 @@ class _EvalDeficit:
     tries: int = field(default=0)
 
 
-class EcsLauncher:
+class EcsLauncher(Launcher):
+    backend = "aws"
+    task_images = True
+    paced = True
+
+    @classmethod
+    def create(cls, ctx: LaunchContext) -> EcsLauncher:
+        """From the run's estate (its backend's stack outputs). The provider key and Valkey's harness user reach
+        tasks from Secrets Manager through their task definition; the attempt key rides in each RunTask's
+        environment override."""
+        spec = ctx.plan.spec
+        return cls.from_stack_outputs(ctx.backend.outputs, launch_rate_per_s=spec.backend.launch_rate_per_s,
+                                      launch_burst=spec.backend.launch_burst, attempt_env=ctx.attempt_env)
+
     def __init__(self, harness: EcsTarget, eval_workers: EcsTarget | None = None, *, client=None,
                  region: str | None = None, deadline_tag: str | None = None, deadline: datetime | None = None,
                  poll_interval_s: float = 5.0, retry_interval_s: float = 15.0, backoff_base_s: float = 0.5,
@@ -155,10 +175,6 @@ class EcsLauncher:
         eval_workers = EcsTarget(out.eval_cluster_arn, out.eval_task_definition_arn, "eval-worker", "EC2")
         kw.setdefault("region", out.region)
         return cls(harness, eval_workers, deadline_tag=out.deadline_tag, **kw)
-
-    def task_url(self, url: str) -> str:
-        """In the VPC, endpoints are reachable as they are."""
-        return url
 
     def launch_room(self) -> int:
         """Tasks the launch quota lets start now without waiting (the driver launches no more in one pass)."""

@@ -13,22 +13,26 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from plumbing import system_user
+from contract import task_shape
 from contract.models import AttemptRef
-from dispatcher.launchers.base import AttemptEnv, LaunchMeter, TaskHandle, no_attempt_env
+from dispatcher.launchers.base import (
+    AttemptEnv,
+    LaunchContext,
+    Launcher,
+    LaunchMeter,
+    TaskHandle,
+    no_attempt_env,
+)
 from harness import sandbox
+from plumbing import system_user
 
 
 def agent_isolation_problem(spec) -> str | None:
-    """Why tasks of this spec cannot run with the agent isolated here, naming the field; None when they can."""
-    if spec.backend.kind != "local" or spec.backend.launcher != "process" or not spec.backend.isolate_agent:
-        return None
-    if os.geteuid() != 0:
-        return (f"backend.isolate_agent: the process launcher runs the harness as the user {sandbox.AGENT_USER}, "
-                f"apart from the task runner, which needs root (this runs as uid {os.geteuid()}); run as root, use "
-                f"launcher = \"docker\", or set backend.isolate_agent = false (unsafe: the agent can then read the "
-                f"run's provider key and credentials)")
-    return None
+    """Why the spec's tasks cannot run here, naming the field; None when they can. The name the CLI knows: it asks
+    the spec's launcher (dispatcher.launchers.problem), which for the process launcher is the isolation check."""
+    from dispatcher import launchers
+
+    return launchers.problem(spec)
 
 
 def ensure_agent_user() -> sandbox.Agent:
@@ -40,7 +44,27 @@ def ensure_agent_user() -> sandbox.Agent:
     return sandbox.agent_user()
 
 
-class ProcessLauncher:
+class ProcessLauncher(Launcher):
+    backend = "local"
+    task_images = False  # a checkout of the instance's bundle on this host
+
+    @classmethod
+    def create(cls, ctx: LaunchContext) -> ProcessLauncher:
+        # Tasks: no database, no admin Valkey URL; the run's Valkey user, and (per attempt) its attempt key.
+        env = local_task_env({**ctx.aws_env, task_shape.UPSTREAM_KEY_ENV: ctx.upstream_key, **ctx.valkey_user,
+                              "EVALPLANE_STATE_DIR": str(ctx.state_dir)})
+        return cls(ctx.run_dir / "tasks", env, ctx.attempt_env, isolate_agent=ctx.plan.spec.backend.isolate_agent)
+
+    @classmethod
+    def problem(cls, spec) -> str | None:
+        """The agent runs isolated (backend.isolate_agent) only as another user, which needs root."""
+        if not spec.backend.isolate_agent or os.geteuid() == 0:
+            return None
+        return (f"backend.isolate_agent: the process launcher runs the harness as the user {sandbox.AGENT_USER}, "
+                f"apart from the task runner, which needs root (this runs as uid {os.geteuid()}); run as root, use "
+                f"launcher = \"docker\", or set backend.isolate_agent = false (unsafe: the agent can then read the "
+                f"run's provider key and credentials)")
+
     def __init__(self, log_dir: Path, env: dict[str, str], attempt_env: AttemptEnv = no_attempt_env,
                  isolate_agent: bool = True):
         """env: the task's environment (endpoints, the run's provider key, which only the shim gets, and the run's
@@ -84,9 +108,6 @@ class ProcessLauncher:
     def find_running(self, run: str) -> list[TaskHandle]:
         """Child processes are not found again after a restart; their Valkey progress keys stand in."""
         return []
-
-    def task_url(self, url: str) -> str:
-        return url
 
     def launch_report(self) -> str:
         return f"process launcher: {self.meter.report()}"

@@ -78,7 +78,7 @@ def test_each_runtask_carries_its_own_attempts_key_and_nothing_else(estate, data
     """As run.py launches on AWS: the command override is the job's URI, the environment override only that
     attempt's signing key (its other secrets come from the task definition)."""
     from contract import signing
-    from dispatcher.driver.loop import attempt_env
+    from dispatcher.backends.base import attempt_env
 
     outputs = StackOutputs.load(estate)
     launcher = EcsLauncher.from_stack_outputs(outputs, attempt_env=attempt_env(run_keys))

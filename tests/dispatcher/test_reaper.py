@@ -28,7 +28,7 @@ from contract.models import (
 from dispatcher import report
 from dispatcher.backends import resources
 from dispatcher.driver import loop as runmod
-from dispatcher.launchers.base import TaskHandle
+from dispatcher.launchers.base import Launcher, TaskHandle
 from dispatcher.plan import make_plan
 from dispatcher.spec import load_spec
 from dispatcher.driver.writer import ResultsWriter
@@ -86,7 +86,7 @@ def result(ref: AttemptRef, rows: list[CallRecord]) -> AttemptResult:
                          started_at=t - timedelta(seconds=30), ended_at=t)
 
 
-class ThreadTasks:
+class ThreadTasks(Launcher):
     """Each task a thread playing a task's end as harness/task.py does (its ledger copy to S3, one ledger batch
     during the run, its result through task.send_result, its "done" mark), or not, as `plays` says per instance."""
 

@@ -128,7 +128,7 @@ def test_validate_cli_exits_nonzero_and_writes_nothing(tmp_path, database_url):
 
 
 def test_the_simulators_fault_settings_reach_its_command_line(tmp_path):
-    from dispatcher.driver.loop import simulator_args
+    from dispatcher.backends.local import simulator_args
     from simulator.config import SimulatorConfig
     from simulator.faults import Faults
 

@@ -1,4 +1,4 @@
-"""What a local task's process is handed (dispatcher/launchers/process.py, as dispatcher/driver/loop.py builds it): the run's
+"""What a local task's process is handed (dispatcher/launchers/process.py, as the local backend builds it): the run's
 Valkey user and its own attempt key, never the dispatcher's admin Valkey URL, its database URL, nor any URL carrying
 a password or secret-looking variable of the dispatcher's environment."""
 
@@ -11,7 +11,7 @@ import time
 from contract import signing, valkey_auth
 from contract.models import AttemptRef
 from dispatcher.launchers.process import ProcessLauncher, local_task_env
-from dispatcher.driver.loop import attempt_env
+from dispatcher.backends.base import attempt_env
 
 
 def test_a_local_task_gets_its_run_user_and_its_attempt_key_only(tmp_path, monkeypatch, run_keys):
