@@ -36,6 +36,24 @@ class Registry(Generic[T]):
     def __contains__(self, name: object) -> bool:
         return name in self._targets
 
+    # read like the dict of registered names it stands for (a dotted path resolves through get, not these)
+    def __iter__(self):
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._targets)
+
+    def __getitem__(self, name: str) -> T:
+        if name not in self._targets:
+            raise KeyError(name)
+        return self.get(name)
+
+    def values(self) -> list[T]:
+        return [self.get(n) for n in self.names()]
+
+    def items(self) -> list[tuple[str, T]]:
+        return [(n, self.get(n)) for n in self.names()]
+
     def known(self, name: str) -> bool:
         """A registered name, or a dotted path that resolves (what a spec validator asks)."""
         try:

@@ -49,7 +49,7 @@ def test_aider_wrote_nothing_of_its_own_and_its_trajectory_is_its_model_log(run)
 
 
 def test_adapter_points_aider_at_the_shim_and_keeps_it_home(tmp_path):
-    adapter = ADAPTERS.get("aider")()
+    adapter = ADAPTERS["aider"]()
     r = adapter.prepare(job("aider", max_turns=3), Path("/testbed"), tmp_path, "http://127.0.0.1:9", "tok",
                         {"PATH": "/usr/bin"})
     assert r.argv[0] == "/opt/evalplane/harness/aider/bin/aider"
