@@ -44,6 +44,18 @@ class RunSpec(Strict):
         return v
 
 
+def registered(registry, name: str | None) -> str | None:
+    """A spec field naming a seam (harness, backend, launcher, grader): registered, or a dotted path that loads."""
+    from plumbing.registry import UnknownName
+
+    if name is not None:
+        try:
+            registry.get(name)
+        except UnknownName as e:  # the registry's message: the choices, or why the dotted path did not load
+            raise ValueError(str(e)) from None
+    return name
+
+
 class HarnessSpec(Strict):
     name: str = Field(description=(
         "a registered harness (harness.adapters.ADAPTERS) or a dotted path 'package.module:Class' to an adapter"))
@@ -53,13 +65,9 @@ class HarnessSpec(Strict):
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        from harness.adapters import UnknownHarness, load_adapter
+        from harness.adapters import ADAPTERS
 
-        try:
-            load_adapter(v)
-        except UnknownHarness as e:
-            raise ValueError(str(e)) from None
-        return v
+        return registered(ADAPTERS, v)
 
     @model_validator(mode="after")
     def _settings(self) -> HarnessSpec:
@@ -176,26 +184,15 @@ class BackendSpec(Strict):
     @classmethod
     def _known_backend(cls, v: str) -> str:
         from dispatcher.backends import BACKENDS
-        from plumbing.registry import UnknownName
 
-        try:
-            BACKENDS.get(v)
-        except UnknownName as e:
-            raise ValueError(str(e)) from None
-        return v
+        return registered(BACKENDS, v)
 
     @field_validator("launcher")
     @classmethod
     def _known_launcher(cls, v: str | None) -> str | None:
         from dispatcher.launchers import LAUNCHERS
-        from plumbing.registry import UnknownName
 
-        if v is not None:
-            try:
-                LAUNCHERS.get(v)
-            except UnknownName as e:
-                raise ValueError(str(e)) from None
-        return v
+        return registered(LAUNCHERS, v)
 
     @property
     def backend_class(self):
@@ -268,10 +265,7 @@ class EvalSpec(Strict):
     def _known_grader(cls, v: str | None) -> str | None:
         from eval_worker.graders import GRADERS
 
-        if v is not None and not GRADERS.known(v):
-            raise ValueError(f"unknown grader {v!r}: one of {', '.join(GRADERS.names())}, or a dotted path "
-                             "'package.module:Class' to a Grader subclass")
-        return v
+        return registered(GRADERS, v)
 
 
 class SimulatorSpec(Strict):

@@ -170,6 +170,7 @@ class DockerGrader(Grader):
     """Grades in the instance's official image with the official run_instance."""
 
     name = "docker"
+    uses_package_index = True
 
     def __init__(self, client: docker.DockerClient | None = None, resolver: ImageResolver | None = None,
                  package_index: str | None = None, network: str = GRADING_NETWORK, egress_image: str | None = None):

@@ -62,6 +62,8 @@ class Grader(ABC):
     # why the grader needs each instance's git bundle (the dispatcher's plan refuses instances without one);
     # None: it grades without one
     needs_bundle: ClassVar[str | None] = None
+    # its gradings install packages from the project's package index (eval_worker.package_index), their only network
+    uses_package_index: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kw) -> None:
         super().__init_subclass__(**kw)

@@ -20,6 +20,7 @@ from dispatcher.backends.stack_outputs import StackOutputs
 class AwsBackend(Backend):
     launchers = ("ecs",)
     builds_images = False
+    local_stack = False
 
     @classmethod
     def spec_problem(cls, backend_spec) -> str | None:
@@ -38,11 +39,9 @@ class AwsBackend(Backend):
 
     def image_problems(self, plan) -> dict[str, str]:
         """Each instance's task image recorded, for its current inputs, in the estate's registry."""
-        from contract import db
-        from dispatcher import images
+        from dispatcher import images, store
 
-        with db.connect() as conn:
-            db.migrate(conn)
+        with store.connect() as conn:
             return images.for_plan(plan, conn, build=False)[1]
 
     def bucket(self) -> str:

@@ -47,6 +47,8 @@ class Backend:
 
     launchers: ClassVar[tuple[str, ...]] = ()  # the registered launchers it runs tasks with (for messages)
     builds_images: ClassVar[bool] = True  # task images are built on this host (else by a build tier, looked up)
+    # its Valkey, S3/SQS and simulator are this machine's local stack (scripts/stack.sh), not an estate's
+    local_stack: ClassVar[bool] = True
 
     def __init__(self, spec):
         self.spec = spec

@@ -117,11 +117,12 @@ class LocalBackend(Backend):
     def start_eval_workers(self, res: RunResources, run_keys: RunKeys) -> None:
         from dispatcher.launchers.process import local_task_env
         from eval_worker import package_index
+        from eval_worker.graders import GRADERS
 
         spec = self.spec
         env = local_task_env({**self.aws_env(), "EVALPLANE_STATE_DIR": str(daemons.state_dir()),
                               "DATABASE_URL": db.database_url(), signing.VERDICT_KEY_ENV: run_keys.verdict_key.decode()})
-        if spec.eval.backend == "docker":  # the one thing a grading container may reach
+        if GRADERS.get(spec.eval.backend).uses_package_index:  # the one thing its gradings may reach
             env[package_index.PACKAGE_INDEX_ENV] = daemons.ensure_package_index()
         self.workers = self.services.eval_workers(spec.eval.workers, [
             "--queue", res.eval_queue_url, "--logs-root", str(self.run_dir / "eval"), "--backend", spec.eval.backend],

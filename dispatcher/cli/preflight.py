@@ -8,11 +8,11 @@ from typing import Annotated
 
 import typer
 
-from contract import db
-from dispatcher import store
+from dispatcher import backends, store
 from dispatcher.cli import stack, target
 from dispatcher.cli.errors import EXIT_SPEC
 from dispatcher.cli.output import err, out, print_problems
+from dispatcher.launchers import launcher_class
 from dispatcher.launchers.process import agent_isolation_problem
 from dispatcher.plan import Plan
 
@@ -20,34 +20,12 @@ SPEC = Annotated[str, typer.Argument(metavar="SPEC", help="a spec file", show_de
 
 
 def image_problems(plan: Plan) -> dict[str, str]:
-    """What each instance lacks to run in its task image, without building anything: on AWS, its task image
-    recorded in the estate's registry; locally, its instance image (or a bundle to build a stand-in from)."""
+    """What each instance lacks to run in its task image, without building anything (the backend says what)."""
     if not plan.in_task_images:
         return {}
-    from dispatcher import images
-
-    with store.connect() as conn:  # the image records are in PostgreSQL: down, that is the one problem to name
-        if plan.spec.backend.kind == "aws":
-            return images.for_plan(plan, conn, build=False)[1]
-    import docker
-
-    try:
-        client = docker.from_env(timeout=30)
-        client.ping()
-    except Exception as e:  # noqa: BLE001 - no engine at all
-        return {iid: f"backend.launcher = 'docker' but no Docker engine answers ({e}); scripts/docker.sh up"
-                for iid in plan.rows}
-    from eval_worker.pinning import ImageResolver, ImageUnavailable
-
-    problems = {}
-    t = images.target(plan.spec)
-    for iid, row in plan.rows.items():
-        try:
-            ImageResolver(db.database_url(), t.instance_registry).resolve(client, row)
-        except ImageUnavailable as e:
-            if iid not in plan.bundles or t.instance_registry:
-                problems[iid] = f"no image: {e}"
-    return problems
+    with store.connect():  # the image records are in PostgreSQL: down, that is the one problem to name
+        pass
+    return backends.for_spec(plan.spec).image_problems(plan)
 
 
 def refuse_what_cannot_start(plan: Plan) -> None:
@@ -67,8 +45,8 @@ def validate(spec: SPEC) -> None:
     plan = target.load_plan(spec)
     refuse_what_cannot_start(plan)
     out.print(f"{spec}: ok: run {plan.spec.run.name!r}, {len(plan.rows)} instance(s), "
-              f"{len(plan.refs)} attempt(s), pool {plan.spec.pool!r}, backend {plan.spec.backend.kind}"
-              + (f", launcher {plan.spec.backend.launcher}" if plan.spec.backend.kind == "local" else ""))
+              f"{len(plan.refs)} attempt(s), pool {plan.spec.pool!r}, backend {plan.spec.backend.kind}, "
+              f"launcher {plan.spec.backend.launcher}")
 
 
 def _pool_limits(spec) -> tuple[dict[str, int], str]:
@@ -109,9 +87,10 @@ def forecast(run_or_spec: Annotated[str, typer.Argument(metavar="RUN_OR_SPEC", h
     except pricing.UnknownModel:
         price = None
     todo = len(plan.refs) - done
-    aws = spec.backend.kind == "aws"  # locally nothing paces launches; the launchers report their rate as they run
+    # a launcher paced to a quota (ECS) launches no faster than it; the others report their rate as they run
+    paced = launcher_class(spec).paced
     p = predict(max(todo, 0), limits, obs, price, spec.backend.concurrency, spec.budget.run_usd,
-                spec.backend.launch_rate_per_s if aws else None, spec.backend.launch_burst)
+                spec.backend.launch_rate_per_s if paced else None, spec.backend.launch_burst)
     lim = ", ".join(f"{k} {v}" for k, v in limits.items()) or "none known (unpaced)"
     out.print(f"run {spec.run.name}: {len(plan.refs)} attempt(s) ({len(plan.rows)} instance(s) x {spec.run.attempts}),"
               f" {done} already landed, {todo} to run", soft_wrap=True)
@@ -125,7 +104,7 @@ def forecast(run_or_spec: Annotated[str, typer.Argument(metavar="RUN_OR_SPEC", h
     fed = "unbounded" if p.feedable == float("inf") else f"{p.feedable:.0f}"
     out.print(f"predicted fleet: {p.concurrency} concurrent task(s) (limits can feed {fed};"
               f" spec allows {spec.backend.concurrency})", soft_wrap=True)
-    if aws:
+    if paced:
         out.print(f"predicted launch time: {p.launch_s / 60:.1f} min to start {todo} task(s) at the ECS launch quota"
                   f" ({spec.backend.launch_rate_per_s:g} tasks/s after a burst of {spec.backend.launch_burst};"
                   f" backend.launch_rate_per_s, backend.launch_burst)", soft_wrap=True)

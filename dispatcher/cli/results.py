@@ -10,8 +10,8 @@ import typer
 
 from contract import db, task_shape
 from contract.models import AttemptRef
-from dispatcher import store
-from dispatcher.backends import daemons
+from dispatcher import backends, store
+from dispatcher.backends import BACKENDS, daemons
 from dispatcher.cli import stack, target
 from dispatcher.cli.errors import EXIT_SPEC, Refused
 from dispatcher.cli.output import err, out, plain
@@ -28,13 +28,7 @@ def write_outputs(plan: Plan, out_dir: str | None) -> None:
     run = plan.spec.run.name
     with store.connect() as conn:
         attempts = report.fetch_attempts(conn, run)
-    bucket = resources.DEFAULT_BUCKET
-    if plan.spec.backend.kind == "aws":
-        from dispatcher.backends.stack_outputs import StackOutputs
-
-        bucket = StackOutputs.load(plan.spec.backend.stack_outputs).bucket
-    else:
-        daemons.ensure_moto()
+    bucket = backends.for_spec(plan.spec).bucket()  # locally, its S3 server started if it is not running
     dest = Path(out_dir) if out_dir else daemons.state_dir() / "runs" / run / "results"
     files = report.write_outputs(run, attempts, list(plan.rows.values()), dest, plan.spec.run.attempts,
                                  lambda iid, n: resources.artifacts_prefix(
@@ -122,7 +116,8 @@ def judge(run_or_spec: RUN_OR_SPEC,
         for problem in e.errors():
             err.print(f"--{str(problem['loc'][0]).replace('_', '-')}: {problem['msg']}", highlight=False)
         raise typer.Exit(EXIT_SPEC) from None
-    if backend == "aws" and not here:
+    where = BACKENDS.get(backend)
+    if not where.local_stack and not here:  # the judge runs where the run ran, beside its store
         from dispatcher.backends.stack_outputs import StackOutputsError
         from dispatcher.judge.ecs import launch
 
@@ -140,7 +135,7 @@ def judge(run_or_spec: RUN_OR_SPEC,
         upstream, key = base_url, os.environ.get(api_key_env, "")
         if not key:
             raise Refused(f"--api-key-env: environment variable {api_key_env} is not set", EXIT_SPEC)
-    elif backend == "local":
+    elif where.local_stack:
         from dispatcher.backends.local_services import LocalServices
 
         daemons.ensure_moto()

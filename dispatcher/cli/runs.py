@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from dispatcher import store
+from dispatcher import backends, store
 from dispatcher.cli import stack, target
 from dispatcher.cli.errors import EXIT_CONFLICT, EXIT_SPEC, Refused
 from dispatcher.cli.output import err, out, print_problems
@@ -37,12 +37,13 @@ def _drive(plan: Plan, source: str, out_dir: str | None) -> None:
         err.print(f"[bold red]refused:[/] {problem}", soft_wrap=True)
         raise typer.Exit(EXIT_SPEC)
     # Locally the driver's Valkey must answer before anything is built or launched; on AWS it is the estate's.
-    valkey_url = stack.require_valkey() if plan.spec.backend.kind == "local" else stack.valkey_url()
+    backend = backends.for_spec(plan.spec)
+    valkey_url = stack.require_valkey() if backend.local_stack else stack.valkey_url()
     if plan.in_task_images:
         from dispatcher import images
 
         with store.connect() as conn:  # locally, build what is missing (reusing the rest); on AWS, the build tier's
-            found, problems = images.for_plan(plan, conn, build=plan.spec.backend.kind == "local")
+            found, problems = images.for_plan(plan, conn, build=backend.builds_images)
         if problems:
             print_problems("a task image", problems)
             raise typer.Exit(EXIT_SPEC)

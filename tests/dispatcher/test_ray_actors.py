@@ -20,7 +20,7 @@ def ray_cluster(tmp_path_factory, moto_endpoint, database_url):
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     aws_env = {k: os.environ[k] for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                                           "AWS_DEFAULT_REGION")}
-    ray.init(num_cpus=2, include_dashboard=True, namespace="evalplane-test", log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=True, namespace="evalplane-test", log_to_driver=False,
              runtime_env={"env_vars": aws_env | {"DATABASE_URL": database_url}})
     yield aws_env
     ray.shutdown()
