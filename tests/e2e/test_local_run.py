@@ -109,27 +109,32 @@ def _job_documents_written(env, run) -> int:
 
 KILL_POINTS = {
     # during launch: job documents exist, no attempt has landed yet
-    "launch": lambda env, db_url, run: _job_documents_written(env, run) >= 1,
-    # during harness tasks: some attempts landed, others still running
-    "harness": lambda env, db_url, run: len(counts(db_url, run)["status"]) >= 1,
-    # during grading: a patch is waiting for (or in) the grader
-    "grading": lambda env, db_url, run: "PATCH_READY" in counts(db_url, run)["status"].values(),
+    "launch": lambda env, db_url, run, landed: _job_documents_written(env, run) >= 1,
+    # during harness tasks: attempts landed since the last driver died, others still running
+    "harness": lambda env, db_url, run, landed: len(counts(db_url, run)["status"]) > landed,
+    # during grading: a patch is waiting for (or in) the grader, landed since the last driver died
+    "grading": lambda env, db_url, run, landed: (len(st := counts(db_url, run)["status"]) > landed
+                                                 and "PATCH_READY" in st.values()),
 }
 
 
-@pytest.mark.parametrize("point", list(KILL_POINTS))
-def test_kill_9_and_resume_lands_every_attempt_once(tmp_path, env, database_url, unique, point):
+def test_kill_9_and_resume_lands_every_attempt_once(tmp_path, env, database_url, unique):
+    """One run whose driver is killed three times, once at each point (during launch, during harness tasks, during
+    grading), each kill followed by `resume` in a new driver; the last resume finishes the run."""
     spec = write_spec(tmp_path, unique, concurrency=1)
-    proc = subprocess.Popen([sys.executable, "-m", "dispatcher", "run", str(spec)], env=env, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not KILL_POINTS[point](env, database_url, unique):
-        time.sleep(0.2)
-    assert proc.poll() is None, "the run ended before the kill point"
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver and its Ray workers; its tasks and services live on
-    proc.wait()
-    before = counts(database_url, unique)
-    assert len(before["status"]) < len(demo_expectation())
+    landed, command = 0, "run"
+    for point, reached in KILL_POINTS.items():
+        proc = subprocess.Popen([sys.executable, "-m", "dispatcher", command, str(spec)], env=env, cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not reached(env, database_url, unique, landed):
+            time.sleep(0.2)
+        assert proc.poll() is None, f"the run ended before the kill point {point!r}"
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and its Ray workers; its tasks and services live on
+        proc.wait()
+        before = counts(database_url, unique)
+        assert len(before["status"]) < len(demo_expectation()), point
+        landed, command = len(before["status"]), "resume"
 
     p = dispatcher(env, "resume", str(spec), "--out", str(tmp_path / "out"))
     assert p.returncode == 0, p.stderr[-4000:]
@@ -139,7 +144,7 @@ def test_kill_9_and_resume_lands_every_attempt_once(tmp_path, env, database_url,
     for iid, n_calls, *_, attempt_calls in after["per_attempt"]:
         assert n_calls == attempt_calls, iid  # ... or lost
     assert after["phases"]["harness"] == len(demo_expectation())
-    # No attempt was launched twice: one task start per attempt across both drivers.
+    # No attempt was launched twice: one task start per attempt across all four drivers.
     starts = {}
     for log in (Path(env["EVALPLANE_STATE_DIR"]) / "runs" / unique / "tasks").glob("*.task.log"):
         starts[log.name] = log.read_text().count("task started for")
