@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -24,7 +24,7 @@ class ValidationRecord(BaseModel):
     image: str
     digest: str  # docker image id (sha256:...) for the docker grader; "process:sha256:..." otherwise
     instance_id: str
-    backend: Literal["docker", "process"] = "docker"  # the grader's name (the table holds only these two)
+    backend: str = "docker"  # the grader's name (registered, or its dotted path)
     valid: bool
     reason: str | None = None
     details: dict[str, Any] = Field(default_factory=dict)
