@@ -44,6 +44,9 @@ sys.path.insert(0, str(ROOT))
 from moto_proc import start_moto
 
 from contract import keys
+from plumbing.services import Service
+from shim.child import shim_service
+from shim.config import ShimConfig
 from simulator import SimulatorConfig
 from simulator.testing import simulator_process
 from tests.conftest import free_port
@@ -129,27 +132,18 @@ def shim_process(upstream: str, valkey_url: str, run: str, env_over: dict | None
     r.hset(keys.pool_limits(f"{run}-pool"), mapping=POOL_LIMITS)
     r.close()
     with tempfile.TemporaryDirectory() as d:
-        cfg = {"upstream_url": upstream, "provider": "anthropic", "model": MODEL, "pool": f"{run}-pool",
-               "ref": {"run": run, "instance_id": "bench__bench-1", "attempt": 1}, "local_token": TOKEN,
-               "ledger_path": f"{d}/ledger.jsonl", "port_file": f"{d}/port", "valkey_url": valkey_url, **CAPS, **over}
-        Path(d, "shim.json").write_text(json.dumps(cfg))
-        env = {**{k: v for k, v in os.environ.items() if k != "SHIM_LOG_LEVEL"}, "SHIM_UPSTREAM_KEY": KEY,
+        cfg = ShimConfig(**{"upstream_url": upstream, "provider": "anthropic", "model": MODEL, "pool": f"{run}-pool",
+                            "ref": {"run": run, "instance_id": "bench__bench-1", "attempt": 1}, "local_token": TOKEN,
+                            "ledger_path": f"{d}/ledger.jsonl", "port_file": f"{d}/port", "valkey_url": valkey_url,
+                            **CAPS, **over})
+        env = {**{k: v for k, v in os.environ.items() if k != "SHIM_LOG_LEVEL"},
                "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env_over or {})}
-        with open(f"{d}/shim.log", "ab") as log:
-            t0 = time.perf_counter()
-            proc = subprocess.Popen([sys.executable, "-m", "shim", "--config", f"{d}/shim.json"], cwd=ROOT, env=env,
-                                    stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-            port_file = Path(d, "port")
-            while not port_file.exists():
-                if proc.poll() is not None:
-                    raise RuntimeError("shim exited: " + Path(d, "shim.log").read_text()[-2000:])
-                time.sleep(0.001)
-            ready = time.perf_counter() - t0
-            try:
-                yield f"http://127.0.0.1:{port_file.read_text()}", proc, ready
-            finally:
-                proc.terminate()
-                proc.wait(30)
+        # no start timeout, and a 1 ms poll: the time to ready is a figure of the bench
+        shim = shim_service(cfg, Path(d, "shim.json"), KEY, log=Path(d, "shim.log"), env=env, cwd=ROOT,
+                            timeout_s=None, poll_s=0.001, grace_s=30)
+        t0 = time.perf_counter()
+        with shim.start():
+            yield f"http://127.0.0.1:{shim.port}", shim.proc, time.perf_counter() - t0
 
 
 @contextmanager
@@ -170,24 +164,21 @@ def litellm_process(paced: str, instant: str):
         master, port = "sk-" + secrets.token_hex(16), free_port()
         env = {**{k: v for k, v in os.environ.items() if k != "DATABASE_URL"},  # DB-less
                "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_MASTER_KEY": master, "SIM_KEY": KEY}
-        with open(f"{d}/litellm.log", "wb") as log:
-            t0 = time.perf_counter()
-            proc = subprocess.Popen([exe, "--config", f"{d}/cfg.yaml", "--port", str(port), "--num_workers", "1"],
-                                    env=env, stdout=log, stderr=subprocess.STDOUT)
-            base = f"http://127.0.0.1:{port}"
-            try:
-                while True:
-                    if proc.poll() is not None:
-                        raise RuntimeError("litellm exited: " + Path(d, "litellm.log").read_text()[-2000:])
-                    try:
-                        if httpx.get(f"{base}/health/liveliness", timeout=1).status_code == 200:
-                            break
-                    except httpx.HTTPError:
-                        time.sleep(0.05)
-                yield base, master, proc, time.perf_counter() - t0
-            finally:
-                proc.terminate()
-                proc.wait(30)
+        base = f"http://127.0.0.1:{port}"
+        litellm = Service([exe, "--config", f"{d}/cfg.yaml", "--port", str(port), "--num_workers", "1"],
+                          name="litellm", env=env, log=Path(d, "litellm.log"), ready=lambda: _live(base),
+                          timeout_s=300, poll_s=0.05, grace_s=30)
+        t0 = time.perf_counter()
+        with litellm.start():
+            yield base, master, litellm.proc, time.perf_counter() - t0
+
+
+def _live(base: str) -> bool:
+    """LiteLLM's proxy answers its liveness route."""
+    try:
+        return httpx.get(f"{base}/health/liveliness", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 @contextmanager

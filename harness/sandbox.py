@@ -18,6 +18,7 @@ Two entry points, both started by the task runner (as root):
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import fcntl
 import os
@@ -30,12 +31,11 @@ import stat
 import struct
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from plumbing import system_user
+from plumbing import relay, system_user
 
 AGENT_USER = "evalplane-agent"
 AGENT_UID = 10001  # fixed, so that files the agent leaves in a task image have one known owner
@@ -247,34 +247,6 @@ CLONE_NEWNET, SIOCSIFFLAGS, IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x40000000, 0x89
 NOBODY = 65534
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while data := src.recv(65536):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-
-def _relay(listener: socket.socket, port: int) -> None:
-    """Each connection to the listener (in the agent's namespace) joined to 127.0.0.1:port in this process's."""
-    while True:
-        conn, _ = listener.accept()
-        try:
-            up = socket.create_connection(("127.0.0.1", port), timeout=10)
-            up.settimeout(None)
-        except OSError:
-            conn.close()
-            continue
-        threading.Thread(target=_pump, args=(conn, up), daemon=True).start()
-        threading.Thread(target=_pump, args=(up, conn), daemon=True).start()
-
-
 def isolate_network(port: int) -> None:
     """This process in a network namespace of its own: loopback only, where 127.0.0.1:port leads to the same port
     on the host's loopback (the shim) through a relay process, and nothing else leads anywhere."""
@@ -298,7 +270,7 @@ def isolate_network(port: int) -> None:
             os.setgid(NOBODY)
             os.setuid(NOBODY)
             undumpable()  # it outlives the harness only until the runner reaps what the harness left (reap_agent)
-            _relay(listener, port)
+            asyncio.run(relay.serve_listener(listener, "127.0.0.1", port))
         finally:
             os._exit(0)
     os.close(host)

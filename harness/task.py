@@ -35,6 +35,9 @@ from contract.models import (
 )
 from harness import sandbox
 from harness.adapters import HarnessAdapter, load_adapter
+from plumbing import services
+from shim.child import shim_service
+from shim.config import ShimConfig
 
 log = logging.getLogger("evalplane.task")
 UPSTREAM_KEY_ENV = task_shape.UPSTREAM_KEY_ENV
@@ -124,28 +127,19 @@ class Shim:
 
     def __init__(self, job: Job, workdir: Path, key: str):
         self.token = "local-" + secrets.token_hex(16)
-        self.port_file = workdir / "shim.port"
         self.status_file = workdir / "shim.status.json"
         self.ledger = workdir / "ledger.jsonl"
-        cfg = {
-            "upstream_url": job.upstream_url, "provider": job.model.provider, "model": job.model.model,
-            "pool": job.model.pool, "ref": job.ref.model_dump(), "local_token": self.token,
-            "ledger_path": str(self.ledger), "valkey_url": job.valkey_url,
-            "results_queue_url": job.results_queue_url, "limits": job.limits.model_dump(),
-            "run_cost_usd": job.run_cost_usd, "port_file": str(self.port_file), "status_path": str(self.status_file),
-            "flush_on_exit": False,  # its last rows ride with the attempt's result (unsent_rows, send_result)
-        }
-        (workdir / "shim.json").write_text(json.dumps(cfg))
-        env = {k: v for k, v in os.environ.items() if k != UPSTREAM_KEY_ENV} | {"SHIM_UPSTREAM_KEY": key}
-        self.log = open(workdir / "shim.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "harness.sandbox", "shim", "--config", str(workdir / "shim.json")],
-                                     env=env, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while not (self.port_file.exists() and self.port_file.read_text().strip()):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the shim did not start")
-            time.sleep(0.02)
-        self.url = f"http://127.0.0.1:{self.port_file.read_text().strip()}"
+        cfg = ShimConfig(
+            upstream_url=job.upstream_url, provider=job.model.provider, model=job.model.model, pool=job.model.pool,
+            ref=job.ref, local_token=self.token, ledger_path=self.ledger, valkey_url=job.valkey_url,
+            results_queue_url=job.results_queue_url, limits=job.limits, run_cost_usd=job.run_cost_usd,
+            port_file=workdir / "shim.port", status_path=self.status_file,
+            flush_on_exit=False,  # its last rows ride with the attempt's result (unsent_rows, send_result)
+        )
+        self.service = shim_service(cfg, workdir / "shim.json", key, log=workdir / "shim.log",
+                                    module=("harness.sandbox", "shim"), timeout_s=30, grace_s=60).start()
+        self.proc = self.service.proc
+        self.url = f"http://127.0.0.1:{self.service.port}"
 
     def status(self) -> dict:
         import urllib.request
@@ -158,12 +152,7 @@ class Shim:
 
     def stop(self) -> dict:
         """SIGTERM: the shim stops and writes its status (which names the ledger rows it did not send)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        self.service.stop()
         try:
             return json.loads(self.status_file.read_text())
         except (OSError, ValueError):
@@ -266,17 +255,6 @@ class Heartbeat:
         self.r.expire(self.key, DONE_TTL_S)
 
 
-def end_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
-
-
 def run_harness(job: Job, adapter: HarnessAdapter, testbed: Path, workdir: Path, shim: Shim, agent_home: Path,
                 agent: sandbox.Agent | None, own_network: bool = False) -> tuple[HarnessOutcome, str | None]:
     """How the harness phase ended, and why where it was not the harness's own doing. The harness runs as the
@@ -307,7 +285,7 @@ def run_harness(job: Job, adapter: HarnessAdapter, testbed: Path, workdir: Path,
                     break
         finally:  # on a cap, the wall-time limit, or our own SIGTERM: the harness's whole group goes
             if proc.poll() is None:
-                end_group(proc)
+                services.terminate(proc, grace_s=10, group=True)
             sandbox.reap_agent(keep={shim.proc.pid})
         stopped = stopped or shim.status().get("stopped")
     try:

@@ -1,12 +1,15 @@
-"""A tiny TCP forwarder: `listen_host:listen_port -> target_host:target_port`, one line per route.
+"""The project's one TCP relay: `listen_host:listen_port -> target_host:target_port`, one line per route.
 
-Standard library only, because it runs in two places: inside the egress container (as `python3 -c`
-with this file's source, so no image has to ship it) and as a host relay thread in the dispatcher.
+Standard library only and self-contained, because it runs in three places: inside the egress container (as
+`python3 -c` with this file's source, so no image has to ship it), as a host relay thread in the dispatcher
+(Relay), and in the agent's sandbox, joining a listener in the agent's network namespace to the shim's port on the
+host's (serve_listener, in a process of its own).
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 import threading
 
@@ -14,17 +17,15 @@ Route = tuple[str, int, str, int]  # listen host, listen port, target host, targ
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """One direction; at its end of file, the other side's writing half is shut (a half-close passes through)."""
     try:
         while data := await reader.read(65536):
             writer.write(data)
             await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
     except (ConnectionError, OSError):
-        pass
-    finally:
-        try:
-            writer.close()
-        except Exception:
-            pass
+        writer.transport.abort()  # a reset on one side resets the other
 
 
 def _handler(target_host: str, target_port: int):
@@ -34,7 +35,11 @@ def _handler(target_host: str, target_port: int):
         except (TimeoutError, OSError):
             writer.close()
             return
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        try:
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        finally:
+            for w in (writer, up_writer):
+                w.close()
 
     return handle
 
@@ -49,6 +54,14 @@ async def serve(routes: list[Route], ready: threading.Event | None = None,
     finally:
         for s in servers:
             s.close()
+
+
+async def serve_listener(listener: socket.socket, target_host: str, target_port: int) -> None:
+    """Relay each connection to an already bound and listening socket (one made in another network namespace)
+    to target_host:target_port, forever."""
+    server = await asyncio.start_server(_handler(target_host, target_port), sock=listener)
+    async with server:
+        await server.serve_forever()
 
 
 def parse(spec: str) -> Route:

@@ -23,7 +23,7 @@ from contract import keys
 from shim.caps import HOLD_FN, KEY_TTL_S, NOW_MS, SETTLE_FN, Budget, ValkeyBudget
 from shim.pacer import ADMIT_FN, Pacer, PaceRequest, ValkeyPacer
 from shim.pacer import SETTLE_FN as POOL_SETTLE_FN
-from shim.progress import Progress
+from shim.progress import SessionProgress
 from shim.wire import dumps
 
 HOLD_ADMIT_LUA = NOW_MS + HOLD_FN + ADMIT_FN + """
@@ -57,7 +57,7 @@ Settle = tuple[str | None, int, PaceRequest | None, int | None, int | None]
 
 
 class Gate:
-    def __init__(self, budget: Budget, pacer: Pacer, progress: Progress, redis=None):
+    def __init__(self, budget: Budget, pacer: Pacer, progress: SessionProgress, redis=None):
         self.budget, self.pacer, self.progress = budget, pacer, progress
         self.combined = redis is not None and isinstance(budget, ValkeyBudget) and isinstance(pacer, ValkeyPacer)
         if self.combined:

@@ -30,7 +30,10 @@ def rate_limit_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-class Progress:
+class SessionProgress:
+    """One attempt's live progress hash (what its shim has metered so far) and its pool's discovered limits; not
+    the dispatcher's run-wide view (dispatcher.driver.progress.Progress)."""
+
     def __init__(self, redis, ref, pool: str):
         self.redis = redis
         self.key = keys.progress(ref)

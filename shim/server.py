@@ -29,7 +29,7 @@ from shim.caps import ATTEMPT_CAP, LocalBudget, ValkeyBudget, micro
 from shim.config import ShimConfig
 from shim.ledger import Ledger
 from shim.pacer import NoopPacer, PaceRequest, PastDeadline, ValkeyPacer, throttled_dimension
-from shim.progress import Progress
+from shim.progress import SessionProgress
 from shim.retry import Backoff, retry_after_s
 from shim.wire import (
     CHAT,
@@ -143,7 +143,7 @@ class Shim:
                                      max_retry_after_s=cfg.max_retry_after_s)
         else:
             budget, self.pacer = LocalBudget(cfg.limits.cost_usd, cfg.run_cost_usd, cfg.hold_ttl_s), NoopPacer()
-        self.progress = Progress(self.redis, cfg.ref, cfg.pool)
+        self.progress = SessionProgress(self.redis, cfg.ref, cfg.pool)
         self.gate = Gate(budget, self.pacer, self.progress, self.redis)
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300), auto_decompress=False,

@@ -12,28 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-
-class TokenBucket:
-    def __init__(self, per_minute: int, now: float) -> None:
-        self.capacity = float(per_minute)
-        self.rate = per_minute / 60.0
-        self._level = self.capacity
-        self._at = now
-
-    def level(self, now: float) -> float:
-        self._level = min(self.capacity, self._level + (now - self._at) * self.rate)
-        self._at = now
-        return self._level
-
-    def wait_for(self, cost: float, now: float) -> float:
-        """Seconds until the bucket holds `cost` (0 if it does now)."""
-        return max(0.0, (cost - self.level(now)) / self.rate)
-
-    def take(self, cost: float, now: float) -> None:
-        self._level = self.level(now) - cost
-
-    def until_full(self, now: float) -> float:
-        return (self.capacity - self.level(now)) / self.rate
+from plumbing.token_bucket import TokenBucket
 
 
 @dataclass(frozen=True)
@@ -55,15 +34,15 @@ class Limits:
 
     def __init__(self, limits: dict[str, int], clock: Callable[[], float]) -> None:
         self._clock = clock
-        now = clock()
-        self._buckets = {dim: TokenBucket(limit, now) for dim, limit in limits.items() if limit > 0}
+        # a minute of burst, like provider limits
+        self._buckets = {dim: TokenBucket(limit / 60.0, limit, clock=clock) for dim, limit in limits.items() if limit > 0}
 
     def admit(self, costs: dict[str, float]) -> Refusal | None:
         now = self._clock()
         for dim, cost in costs.items():
             bucket = self._buckets.get(dim)
             if bucket is not None and (wait := bucket.wait_for(cost, now)) > 0:
-                return Refusal(dim, wait, int(bucket.capacity))
+                return Refusal(dim, wait, int(bucket.burst))
         for dim, cost in costs.items():
             if dim in self._buckets:
                 self._buckets[dim].take(cost, now)
@@ -72,7 +51,7 @@ class Limits:
     def snapshot(self) -> dict[str, BucketState]:
         now = self._clock()
         return {
-            dim: BucketState(int(b.capacity), max(0, math.floor(b.level(now))), b.until_full(now))
+            dim: BucketState(int(b.burst), max(0, math.floor(b.level(now))), b.until_full(now))
             for dim, b in self._buckets.items()
         }
 

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from aiohttp import web
 
+from plumbing.services import Service
 from simulator.app import make_app
 from simulator.config import SimulatorConfig
 
@@ -55,30 +54,8 @@ def simulator_process(
     """Run `python -m simulator` as a subprocess on a free port; yields the base URL."""
     with tempfile.TemporaryDirectory() as tmp:
         port_file = Path(tmp) / "port"
-        argv = [
-            sys.executable,
-            "-m",
-            "simulator",
-            "--host",
-            host,
-            "--port",
-            "0",
-            "--port-file",
-            str(port_file),
-            *(config or SimulatorConfig()).to_argv(),
-        ]
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + timeout_s
-            while not port_file.exists():
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"simulator did not start (exit code {proc.poll()})")
-                time.sleep(0.02)
-            yield f"http://{host}:{port_file.read_text()}"
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        argv = [sys.executable, "-m", "simulator", "--host", host, "--port", "0", "--port-file", str(port_file),
+                *(config or SimulatorConfig()).to_argv()]
+        with Service(argv, name="the simulator", log=Path(tmp) / "simulator.log", ready_file=port_file,
+                     timeout_s=timeout_s) as sim:
+            yield f"http://{host}:{sim.port}"

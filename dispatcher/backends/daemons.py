@@ -9,15 +9,13 @@ index that docker gradings reach (eval_worker.package_index) is a daemon of the 
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
 from dispatcher.instances import PROJECT_ROOT
+from plumbing.services import Service, stop_recorded, tcp_answers
 
 MOTO_PORT = int(os.environ.get("EVALPLANE_MOTO_PORT", "4599"))
 INDEX_PORT = int(os.environ.get("EVALPLANE_INDEX_PORT", "4597"))
@@ -35,14 +33,6 @@ def state_dir() -> Path:
     return p
 
 
-def _answers(host: str, port: int, timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
 def _serves_s3(endpoint: str) -> bool:
     """The server lists buckets (S3's ListBuckets answers 200 on moto, whatever the credentials)."""
     try:
@@ -56,23 +46,17 @@ def _daemon(name: str, what: str, argv: list[str], host: str, port: int, port_en
     """argv as a daemon of this checkout's (pid file and log <name>.pid/.log in the state folder) answering on
     host:port, unless one that serves() already does; one that answers but does not serve is restarted when it is
     ours (e.g. left by a checkout since deleted, whose imports fail), else refused naming the port and `port_env`."""
-    if _answers(host, port) and not serves():
+    if tcp_answers(host, port) and not serves():
         stop(name)
         deadline = time.monotonic() + 10
-        while _answers(host, port) and time.monotonic() < deadline:
+        while tcp_answers(host, port) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if _answers(host, port):
+        if tcp_answers(host, port):
             raise RuntimeError(f"port {port} answers, but not as {what} server, and it is not this checkout's "
                                f"{name} ({state_dir() / (name + '.pid')}): stop it, or set {port_env}")
-    if not _answers(host, port):
-        log = open(state_dir() / f"{name}.log", "ab")  # noqa: SIM115  (the daemon holds it)
-        proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
-        (state_dir() / f"{name}.pid").write_text(str(proc.pid))
-        deadline = time.monotonic() + 30
-        while not _answers(host, port):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the {name} server did not start; see {state_dir() / (name + '.log')}")
-            time.sleep(0.1)
+    if not tcp_answers(host, port):  # detached: it outlives this process (stop() ends it, from any process)
+        Service(argv, name=f"the {name} server", log=state_dir() / f"{name}.log", tcp=(host, port), poll_s=0.1,
+                new_session=True, pidfile=state_dir() / f"{name}.pid").start()
 
 
 def ensure_moto() -> str:
@@ -119,15 +103,7 @@ def aws_env() -> dict[str, str]:
 
 def stop(name: str) -> bool:
     """Stop this checkout's daemon `name` (moto, package-index), if it runs."""
-    pidfile = state_dir() / f"{name}.pid"
-    if not pidfile.exists():
-        return False
-    try:
-        os.killpg(int(pidfile.read_text()), signal.SIGTERM)
-    except (ProcessLookupError, ValueError):
-        pass
-    pidfile.unlink(missing_ok=True)
-    return True
+    return stop_recorded(state_dir() / f"{name}.pid")
 
 
 def stop_moto() -> bool:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
+
+from plumbing.services import Service, stop_recorded
 
 
 class LocalServices:
@@ -23,12 +23,11 @@ class LocalServices:
         self.pid_dir = run_dir / "pids"
         self.pid_dir.mkdir(parents=True, exist_ok=True)
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-        log = open(self.run_dir / f"{name}.log", "ab")
-        proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
-        (self.pid_dir / f"{name}.pid").write_text(json.dumps({"pid": proc.pid, "module": argv[2]}))
-        return proc
+    def _service(self, name: str, what: str, argv: list[str], env: dict[str, str] | None, **ready) -> Service:
+        """A detached service of the run (a session of its own, outliving this process): log <name>.log, pid
+        recorded for stop_all()."""
+        return Service(argv, name=what, env=env, log=self.run_dir / f"{name}.log", new_session=True,
+                       pidfile=self.pid_dir / f"{name}.pid", **ready)
 
     def simulator(self, argv_tail: list[str], api_key: str) -> tuple[str, str]:
         """(url, key) of the run's simulator: the running one if it still answers, else a new one."""
@@ -40,35 +39,24 @@ class LocalServices:
                 return known["url"], known["key"]
             except OSError:
                 pass
-        port_file = self.run_dir / "simulator.port"
-        port_file.unlink(missing_ok=True)
         # the key goes in the environment: a command line is readable by every user of the host
-        proc = self._spawn("simulator", [sys.executable, "-m", "simulator", "--host", "127.0.0.1", "--port", "0",
-                                         "--port-file", str(port_file), *argv_tail],
-                           os.environ | {"SIMULATOR_API_KEY": api_key})
-        deadline = time.monotonic() + 30
-        while not (port_file.exists() and port_file.read_text().strip()):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the provider simulator did not start; see {self.run_dir / 'simulator.log'}")
-            time.sleep(0.05)
-        url = f"http://127.0.0.1:{port_file.read_text().strip()}"
+        port_file = self.run_dir / "simulator.port"
+        sim = self._service("simulator", "the provider simulator",
+                            [sys.executable, "-m", "simulator", "--host", "127.0.0.1", "--port", "0", "--port-file",
+                             str(port_file), *argv_tail],
+                            os.environ | {"SIMULATOR_API_KEY": api_key}, ready_file=port_file, poll_s=0.05).start()
+        url = f"http://127.0.0.1:{sim.port}"
         info.write_text(json.dumps({"url": url, "key": api_key}))
         os.chmod(info, 0o600)
         return url, api_key
 
     def eval_workers(self, n: int, argv_tail: list[str], env: dict[str, str]) -> list[subprocess.Popen]:
-        return [self._spawn(f"eval-worker-{i}-{os.getpid()}", [sys.executable, "-m", "eval_worker", *argv_tail], env)
-                for i in range(n)]
+        """n eval workers, running as soon as started (they take gradings from the queue when they are ready)."""
+        return [self._service(f"eval-worker-{i}-{os.getpid()}", "an eval worker",
+                              [sys.executable, "-m", "eval_worker", *argv_tail], env).spawn().proc for i in range(n)]
 
     def stop_all(self) -> None:
-        """Stop every service this run started, from any dispatcher process (checks the pid is still ours)."""
+        """Stop every service this run started, from any dispatcher process (each only if its pid still runs it)."""
         for f in self.pid_dir.glob("*.pid"):
-            rec = json.loads(f.read_text())
-            try:
-                cmdline = Path(f"/proc/{rec['pid']}/cmdline").read_bytes().split(b"\0")
-                if rec["module"].encode() in cmdline:
-                    os.killpg(rec["pid"], signal.SIGTERM)
-            except (OSError, ProcessLookupError):
-                pass
-            f.unlink(missing_ok=True)
+            stop_recorded(f)
         (self.run_dir / "simulator.json").unlink(missing_ok=True)

@@ -6,24 +6,19 @@ writes their ledger rows (contract.models.CallRecord) to a file: the judge's spe
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import signal
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from contract import task_shape
 from contract.models import AttemptLimits, AttemptRef, CallRecord
+from plumbing.services import ServiceFailed
+from shim.child import shim_service
+from shim.config import ShimConfig
 
-SHIM_KEY_ENV = "SHIM_UPSTREAM_KEY"
 
-
-class ShimStartFailed(RuntimeError):
+class ShimStartFailed(ServiceFailed):
     pass
 
 
@@ -35,26 +30,20 @@ class JudgeShim:
         self.workdir, self.provider, self.model = workdir, provider, model
         self.token = "local-" + secrets.token_hex(16)
         self.ledger = workdir / "ledger.jsonl"
-        port_file, self.status_file = workdir / "shim.port", workdir / "shim.status.json"
-        port_file.unlink(missing_ok=True)
-        cfg = {"upstream_url": upstream_url, "provider": provider, "model": model, "pool": pool,
-               "ref": ref.model_dump(), "local_token": self.token, "ledger_path": str(self.ledger),
-               "valkey_url": valkey_url, "results_queue_url": None, "limits": limits.model_dump(),
-               "run_cost_usd": run_cost_usd, "port_file": str(port_file), "status_path": str(self.status_file)}
-        (workdir / "shim.json").write_text(json.dumps(cfg))
+        self.status_file = workdir / "shim.status.json"
+        cfg = ShimConfig(upstream_url=upstream_url, provider=provider, model=model, pool=pool, ref=ref,
+                         local_token=self.token, ledger_path=self.ledger, valkey_url=valkey_url,
+                         results_queue_url=None, limits=limits, run_cost_usd=run_cost_usd,
+                         port_file=workdir / "shim.port", status_path=self.status_file)
         # Only the shim holds the key: neither the run's key nor ours is passed on under another name.
-        env = {k: v for k, v in os.environ.items() if k not in (task_shape.UPSTREAM_KEY_ENV, SHIM_KEY_ENV)}
-        self._log = open(workdir / "shim.log", "ab")  # noqa: SIM115 - the child writes it until stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "shim", "--config", str(workdir / "shim.json")],
-                                     env=env | {SHIM_KEY_ENV: key}, stdout=self._log, stderr=self._log,
-                                     stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + start_timeout_s
-        while not (port_file.exists() and port_file.read_text().strip()):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise ShimStartFailed(f"the judge's shim did not start; see {workdir / 'shim.log'}")
-            time.sleep(0.02)
-        self.url = f"http://127.0.0.1:{port_file.read_text().strip()}"
+        self.service = shim_service(cfg, workdir / "shim.json", key, log=workdir / "shim.log",
+                                    name="the judge's shim", timeout_s=start_timeout_s, grace_s=60)
+        try:
+            self.service.start()
+        except ServiceFailed as e:
+            raise ShimStartFailed(str(e)) from None  # names the log and ends with its tail
+        self.proc = self.service.proc
+        self.url = f"http://127.0.0.1:{self.service.port}"
 
     def ask(self, messages: list[dict[str, str]], max_tokens: int, timeout_s: float = 600.0) -> tuple[int, Any]:
         """One call through the shim: (HTTP status, the JSON body)."""
@@ -80,14 +69,7 @@ class JudgeShim:
 
     def stop(self) -> dict:
         """SIGTERM: the shim finishes, writes its ledger and status."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+        self.service.stop()
         try:
             return json.loads(self.status_file.read_text())
         except (OSError, ValueError):

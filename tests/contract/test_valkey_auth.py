@@ -16,7 +16,7 @@ from contract.models import AttemptRef
 from shim.admission import Gate
 from shim.caps import ValkeyBudget
 from shim.pacer import PaceRequest, ValkeyPacer
-from shim.progress import Progress
+from shim.progress import SessionProgress
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ def test_a_runs_user_works_its_own_keys_and_no_one_elses(valkey, two_runs):
         r = aioredis.Redis.from_url(url)
         ref = AttemptRef(run=run, instance_id="i", attempt=1)
         budget = ValkeyBudget(r, ref, 1.0, 2.0, 60.0)
-        gate = Gate(budget, ValkeyPacer(r, pool, burst_s=1.0), Progress(r, ref, pool), r)
+        gate = Gate(budget, ValkeyPacer(r, pool, burst_s=1.0), SessionProgress(r, ref, pool), r)
         held = await gate.hold("c1", 100, PaceRequest(pool, 10, 10))
         await gate.after([("c1", 40, None, None, None)], {"phase": "harness", "calls": 1})
         await r.aclose()

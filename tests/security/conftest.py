@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -26,6 +25,7 @@ import psycopg
 import pytest
 
 from contract.aws import eval_logs_prefix
+from plumbing.services import Service
 from simulator import red_team
 from tests.conftest import free_port
 from tests.e2e.conftest import docker_engine  # noqa: F401 - the Docker engine fixture, shared with tests/e2e
@@ -103,19 +103,14 @@ class Simulator:
         port_file = tmp / "sim.port"
         argv = [sys.executable, "-m", "simulator", "--port", str(port), "--port-file", str(port_file), "--policy",
                 str(policy), "--dataset", str(dataset)] + (["--red-team", str(intel)] if intel else [])
-        self.log = open(tmp / "sim.log", "ab")
-        self.proc = subprocess.Popen(argv, env=os.environ | {"SIMULATOR_API_KEY": key}, cwd=ROOT,
-                                     stdout=self.log, stderr=self.log)
-        deadline = time.monotonic() + 30
-        while not (port_file.exists() and port_file.read_text().strip()):
-            assert self.proc.poll() is None and time.monotonic() < deadline, (tmp / "sim.log").read_text()
-            time.sleep(0.05)
-        self.port = int(port_file.read_text())
+        self.service = Service(argv, name="the simulator", env=os.environ | {"SIMULATOR_API_KEY": key}, cwd=ROOT,
+                               log=tmp / "sim.log", ready_file=port_file, timeout_s=30, poll_s=0.05).start()
+        self.proc = self.service.proc
+        self.port = self.service.port
         self.url = f"http://127.0.0.1:{self.port}"
 
     def stop(self):
-        self.proc.terminate()
-        self.proc.wait(10)
+        self.service.stop()
 
 
 class BudgetWatch:

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import time
+import signal
 from contextlib import ExitStack
 
 import pytest
 import redis
 from shimtest import FAST_RETRIES, LOCAL_TOKEN, ROOT, UPSTREAM_KEY, ShimProc
 
+from plumbing.services import ServiceFailed
+from shim.child import shim_service
+from shim.config import ShimConfig
 from simulator import SimulatorConfig
 from simulator.testing import running_simulator
 
@@ -53,7 +53,7 @@ def shim(tmp_path, valkey_url, unique):
               attempt: int = 1, run: str | None = None, **overrides) -> ShimProc:
         d = tmp_path / f"shim{len(procs)}"
         d.mkdir()
-        cfg = {
+        cfg = ShimConfig(**{
             "upstream_url": upstream_url,
             "provider": "anthropic",
             "model": "claude-sonnet-4-5",
@@ -66,28 +66,19 @@ def shim(tmp_path, valkey_url, unique):
             "valkey_url": valkey_url,
             **FAST_RETRIES,
             **overrides,
-        }
-        (d / "shim.json").write_text(json.dumps(cfg))
-        env = {k: v for k, v in os.environ.items() if k != "SHIM_UPSTREAM_KEY"}
-        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-        if key is not None:
-            env["SHIM_UPSTREAM_KEY"] = key
-        with open(d / "stderr.log", "wb") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "shim", "--config", str(d / "shim.json")],
-                                    cwd=ROOT, env=env, stdout=err, stderr=subprocess.STDOUT)
-        sp = ShimProc(proc, "", cfg, d)
+        })
+        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        service = shim_service(cfg, d / "shim.json", key, log=d / "stderr.log", env=env, cwd=ROOT, timeout_s=20)
+        sp = ShimProc(service.spawn(), "", cfg, d)
         procs.append(sp)
         return sp
 
     def ready(sp: ShimProc) -> ShimProc:
-        port_file = sp.dir / "port"
-        deadline = time.monotonic() + 20
-        while not port_file.exists():
-            if sp.proc.poll() is not None or time.monotonic() > deadline:
-                sp.proc.kill()
-                raise RuntimeError(f"shim did not start: {sp.log()}")
-            time.sleep(0.02)
-        sp.base = f"http://127.0.0.1:{port_file.read_text()}"
+        try:
+            sp.service.wait_ready()
+        except ServiceFailed:
+            raise RuntimeError(f"shim did not start: {sp.log()}") from None
+        sp.base = f"http://127.0.0.1:{sp.service.port}"
         return sp
 
     def start(upstream_url: str, **kw) -> ShimProc:
@@ -99,6 +90,4 @@ def shim(tmp_path, valkey_url, unique):
     start.many = start_many
     yield start
     for sp in procs:
-        if sp.proc.poll() is None:
-            sp.proc.kill()
-            sp.proc.wait()
+        sp.service.stop(signal.SIGKILL)

@@ -15,6 +15,9 @@ import anthropic
 import httpx
 import openai
 
+from plumbing.services import Service
+from shim.config import ShimConfig
+
 ROOT = Path(__file__).resolve().parents[2]
 UPSTREAM_KEY = f"sk-upstream-{uuid.uuid4().hex}"
 LOCAL_TOKEN = "local-harness-token"
@@ -24,14 +27,18 @@ FAST_RETRIES = {"backoff_base_s": 0.02, "backoff_cap_s": 0.2, "max_retry_after_s
 
 @dataclass
 class ShimProc:
-    proc: subprocess.Popen
+    service: Service
     base: str
-    cfg: dict
+    cfg: ShimConfig
     dir: Path
 
     @property
+    def proc(self) -> subprocess.Popen:
+        return self.service.proc
+
+    @property
     def ledger_path(self) -> Path:
-        return Path(self.cfg["ledger_path"])
+        return self.cfg.ledger_path
 
     def rows(self) -> list[dict]:
         """The ledger, once no call is in flight (a client may finish reading before the shim has)."""

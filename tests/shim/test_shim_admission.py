@@ -18,7 +18,7 @@ from contract.models import AttemptRef
 from shim.admission import Gate
 from shim.caps import ATTEMPT_CAP, RUN_CAP, ValkeyBudget
 from shim.pacer import PaceRequest, PastDeadline, ValkeyPacer
-from shim.progress import Progress
+from shim.progress import SessionProgress
 
 BODY = {"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "go"}]}
 
@@ -27,7 +27,7 @@ def _gate(r, unique: str, acap: float | None, rcap: float | None, max_wait_s: fl
     ref = AttemptRef(run=unique, instance_id="a", attempt=1)
     budget = ValkeyBudget(r, ref, acap, rcap, 60.0)
     pacer = ValkeyPacer(r, f"{unique}-pool", burst_s=1.0, max_wait_s=max_wait_s)
-    return Gate(budget, pacer, Progress(r, ref, f"{unique}-pool"), r), budget, pacer
+    return Gate(budget, pacer, SessionProgress(r, ref, f"{unique}-pool"), r), budget, pacer
 
 
 def _budget(valkey, key: str) -> dict[str, int]:

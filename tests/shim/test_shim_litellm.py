@@ -11,9 +11,7 @@ import os
 import re
 import secrets
 import shutil
-import subprocess
 import sys
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from shimtest import sim_stats
 
 from contract.models import Usage
 from contract.pricing import price
+from plumbing.services import Service, ServiceFailed
 from simulator import SimulatorConfig
 from simulator.testing import running_simulator
 from tests.conftest import free_port
@@ -64,26 +63,25 @@ def gateway(tmp_path_factory):
         # DB-less: the proxy must not see the project's DATABASE_URL (it would switch to its Prisma mode).
         env = {**{k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
                "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_MASTER_KEY": master, "SIM_KEY": SIM_KEY}
-        log = open(d / "litellm.log", "wb")  # noqa: SIM115 - closed by the stack callback below
-        proc = subprocess.Popen([exe, "--config", str(d / "cfg.yaml"), "--port", str(port), "--num_workers", "1"],
-                                env=env, stdout=log, stderr=subprocess.STDOUT)
-        stack.callback(lambda: (proc.terminate(), proc.wait(20), log.close()))
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                text = (d / "litellm.log").read_text()[-600:]
-                if "Missing dependency" in text and os.environ.get("CI") != "true":
-                    pytest.skip(f"litellm proxy extras missing (set EVALPLANE_LITELLM): {text.splitlines()[-1]}")
-                raise RuntimeError(f"litellm exited: {text}")
-            try:
-                if httpx.get(f"{base}/health/liveliness", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "litellm did not start"
-            time.sleep(0.2)
+        litellm = Service([exe, "--config", str(d / "cfg.yaml"), "--port", str(port), "--num_workers", "1"],
+                          name="litellm", env=env, log=d / "litellm.log", ready=lambda: _live(base), timeout_s=60,
+                          poll_s=0.2, grace_s=20)
+        try:
+            stack.enter_context(litellm)
+        except ServiceFailed as e:
+            text = (d / "litellm.log").read_text()[-600:]
+            if "Missing dependency" in text and os.environ.get("CI") != "true":
+                pytest.skip(f"litellm proxy extras missing (set EVALPLANE_LITELLM): {text.splitlines()[-1]}")
+            raise RuntimeError(f"litellm exited: {text}") from e
         yield base, master, clean, faulty
+
+
+def _live(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/health/liveliness", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def _truth(url: str) -> Usage:

@@ -116,10 +116,10 @@ def test_rate_limit_headers_strip_litellm_prefix():
 
 
 def test_limit_discovery_reads_the_headers_at_most_once_a_minute_with_or_without_limits():
-    """Progress.discovered: a 429 forces it; otherwise the headers are read at most once a minute, also when
+    """SessionProgress.discovered: a 429 forces it; otherwise the headers are read at most once a minute, also when
     they carry no limits (a gateway that sends none is not parsed on every call)."""
     from contract.models import AttemptRef
-    from shim.progress import Progress
+    from shim.progress import SessionProgress
 
     class Source:  # an upstream Response: .headers is parsed when read
         reads = 0
@@ -132,7 +132,7 @@ def test_limit_discovery_reads_the_headers_at_most_once_a_minute_with_or_without
             Source.reads += 1
             return self._headers
 
-    p = Progress(object(), AttemptRef(run="r", instance_id="repo__repo-1", attempt=1), "pool")
+    p = SessionProgress(object(), AttemptRef(run="r", instance_id="repo__repo-1", attempt=1), "pool")
     assert p.discovered(Source({"content-type": "application/json"})) is None and Source.reads == 1
     assert p.discovered(Source({"x-ratelimit-limit-requests": "500"})) is None and Source.reads == 1  # not yet
     found = p.discovered(Source({"x-ratelimit-limit-requests": "500"}), force=True)  # a 429
