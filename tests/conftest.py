@@ -3,6 +3,8 @@
 Each pytest session gets its own PostgreSQL database (dropped at the end), so sessions running side
 by side never see each other's rows. Valkey keys are namespaced by run and pool names: tests use
 unique names (see `unique`) and never FLUSHDB.
+
+Every test gets one tier marker (unit, services, docker, e2e) from tests/tiers.py, where the tiers are described.
 """
 
 from __future__ import annotations
@@ -16,8 +18,14 @@ import pytest
 import redis
 
 from contract import db
+from tests import tiers
 
 BASE_DATABASE_URL = os.environ.get("DATABASE_URL", db.DEFAULT_DATABASE_URL)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these markers
+def pytest_collection_modifyitems(config, items):
+    tiers.mark(items)
 
 
 def free_port() -> int:

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from simulator.action_formats.aider_udiff import STALE, file_sections
+from tests.tiers import unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 SYNTHETIC = ROOT / "examples" / "synthetic"
@@ -105,19 +106,13 @@ seed = 4  # its dice fail the run's first call, then about one in three: a run o
 """
 
 
-def _unavailable(msg: str):
-    if os.environ.get("CI") == "true":
-        pytest.fail(msg)
-    pytest.skip(msg)
-
-
 @pytest.fixture(scope="session")
 def instance_images():
     """A Docker engine, its base images, and the synthetic instances' SWE-bench-shaped images (built once, cached)."""
     for args in (["up"], ["base", "bullseye"]):
         p = subprocess.run([str(ROOT / "scripts/docker.sh"), *args], capture_output=True, text=True)
         if p.returncode != 0:
-            _unavailable(f"scripts/docker.sh {' '.join(args)} failed: {p.stderr[-2000:]}")
+            unavailable("Docker", f"scripts/docker.sh {' '.join(args)} failed: {p.stderr[-2000:]}")
     p = subprocess.run([sys.executable, str(ROOT / "images/swebench/build.py"), "--dataset",
                         str(SYNTHETIC / "instances.jsonl")], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
