@@ -14,6 +14,10 @@ fi
 scripts/bootstrap.sh
 
 if [ "$fast" = 1 ]; then
+  # Bytecode caches, kept under .state/ rather than beside the sources: without them (PYTHONDONTWRITEBYTECODE) each
+  # run compiles some 6,000 modules again, a third of the tier's time.
+  export PYTHONPYCACHEPREFIX="$PWD/.state/pycache"
+  unset PYTHONDONTWRITEBYTECODE
   # A new network namespace has only its own loopback (brought up for the servers tests start themselves); root
   # makes one directly, anyone else inside a user namespace of their own.
   if [ "$(id -u)" = 0 ]; then ns=(unshare --net); else ns=(unshare --net --map-root-user); fi

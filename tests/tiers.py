@@ -51,10 +51,8 @@ FIXTURES: dict[str, str] = {
     "iam_moto": "services",  # tests/infra/test_untrusted.py: a moto server with IAM enforcement
     "gateway": "services",  # tests/shim/test_shim_litellm.py: a LiteLLM proxy
     "chromium": "services",  # tests/dashboard: headless Chromium from apt
-    "docker_client": "docker",  # tests/eval_worker
-    "docker_engine": "docker",  # tests/e2e, tests/security
-    "engine": "docker",  # tests/dispatcher/test_launcher_docker.py
-    "instance_images": "docker",  # tests/harnesses
+    "docker_engine": "docker",  # tests/conftest.py: the engine and the base images
+    "docker_client": "docker",  # tests/eval_worker: the engine and the base image
 }
 
 _RANK = {t: i for i, t in enumerate(TIERS)}

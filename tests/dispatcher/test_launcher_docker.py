@@ -26,14 +26,8 @@ docker = pytest.importorskip("docker")
 
 
 @pytest.fixture(scope="session")
-def engine():
+def engine(docker_engine):
     """A Docker engine and the task runtime built from this tree; in CI a missing engine fails, never skips."""
-    from tests.tiers import unavailable
-
-    for args in (["up"], ["base", "bullseye"]):
-        up = subprocess.run([str(ROOT / "scripts/docker.sh"), *args], capture_output=True, text=True)
-        if up.returncode != 0:
-            unavailable("Docker", up.stderr[-2000:])
     import io
 
     from contract import task_shape

@@ -19,18 +19,6 @@ def env(tmp_path, database_url, valkey_url, moto_endpoint):
 
 
 @pytest.fixture(scope="session")
-def docker_engine():
-    """A Docker engine and the base images (scripts/docker.sh); under CI a missing engine fails, never skips."""
-    for args in (["up"], ["base", "bullseye"]):
-        p = subprocess.run([str(ROOT / "scripts/docker.sh"), *args], capture_output=True, text=True)
-        if p.returncode != 0:
-            unavailable("Docker", f"scripts/docker.sh {' '.join(args)} failed: {p.stderr[-2000:]}")
-    import docker
-
-    return docker.from_env(timeout=600)
-
-
-@pytest.fixture(scope="session")
 def local_registry(docker_engine, tmp_path_factory):
     """A private registry on loopback (scripts/registry.sh: Debian's docker-registry) on a port of this session."""
     from tests.conftest import free_port

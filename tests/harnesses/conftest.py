@@ -25,7 +25,6 @@ from pathlib import Path
 import pytest
 
 from simulator.action_formats.aider_udiff import STALE, file_sections
-from tests.tiers import unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 SYNTHETIC = ROOT / "examples" / "synthetic"
@@ -107,18 +106,12 @@ seed = 4  # its dice fail the run's first call, then about one in three: a run o
 
 
 @pytest.fixture(scope="session")
-def instance_images():
+def instance_images(docker_engine):
     """A Docker engine, its base images, and the synthetic instances' SWE-bench-shaped images (built once, cached)."""
-    for args in (["up"], ["base", "bullseye"]):
-        p = subprocess.run([str(ROOT / "scripts/docker.sh"), *args], capture_output=True, text=True)
-        if p.returncode != 0:
-            unavailable("Docker", f"scripts/docker.sh {' '.join(args)} failed: {p.stderr[-2000:]}")
     p = subprocess.run([sys.executable, str(ROOT / "images/swebench/build.py"), "--dataset",
                         str(SYNTHETIC / "instances.jsonl")], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
-    import docker
-
-    return docker.from_env(timeout=600)
+    return docker_engine
 
 
 @dataclass
