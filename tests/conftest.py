@@ -3,21 +3,32 @@
 Each pytest session gets its own PostgreSQL database (dropped at the end), so sessions running side
 by side never see each other's rows. Valkey keys are namespaced by run and pool names: tests use
 unique names (see `unique`) and never FLUSHDB.
+
+Every test gets one tier marker (unit, services, docker, e2e) from tests/tiers.py, where the tiers are described.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
 import redis
 
 from contract import db
+from tests import tiers
 
 BASE_DATABASE_URL = os.environ.get("DATABASE_URL", db.DEFAULT_DATABASE_URL)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these markers
+def pytest_collection_modifyitems(config, items):
+    tiers.mark(items)
 
 
 def free_port() -> int:
@@ -119,6 +130,18 @@ def moto_endpoint():
         else:
             os.environ[k] = v
     aws.client.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def docker_engine():
+    """A Docker engine and the base images (scripts/docker.sh); under CI a missing engine fails, never skips."""
+    for args in (["up"], ["base", "bullseye"]):
+        p = subprocess.run([str(ROOT / "scripts/docker.sh"), *args], capture_output=True, text=True, check=False)
+        if p.returncode != 0:
+            tiers.unavailable("Docker", f"scripts/docker.sh {' '.join(args)} failed: {p.stderr[-2000:]}")
+    import docker
+
+    return docker.from_env(timeout=600)
 
 
 _AWS_ENV = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED")

@@ -1,14 +1,15 @@
 """Headless Chromium (Debian's chromium and chromium-driver, installed by scripts/chromium.sh) driven by selenium.
-Under CI=true a browser that cannot be installed fails the tests that need it, never skips them."""
+Under CI=true a browser that cannot be installed fails the tests that need it, never skips them (tests.tiers.unavailable)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
+
+from tests.tiers import unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 # The flags that work on these machines (shared notes: no background networking in a closed network).
@@ -24,10 +25,7 @@ def chromium() -> tuple[str, str]:
                        check=False)
     paths = p.stdout.split()
     if p.returncode != 0 or len(paths) != 2:
-        msg = f"scripts/chromium.sh failed ({p.returncode}): {p.stderr[-2000:]}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
+        unavailable("Chromium", f"scripts/chromium.sh failed ({p.returncode}): {p.stderr[-2000:]}")
     return paths[0], paths[1]
 
 

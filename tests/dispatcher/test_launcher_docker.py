@@ -7,7 +7,6 @@ not the host's ports (through the bridge addresses), not the allowed endpoints d
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import threading
@@ -27,15 +26,8 @@ docker = pytest.importorskip("docker")
 
 
 @pytest.fixture(scope="session")
-def engine():
+def engine(docker_engine):
     """A Docker engine and the task runtime built from this tree; in CI a missing engine fails, never skips."""
-    for args in (["up"], ["base", "bullseye"]):
-        up = subprocess.run([str(ROOT / "scripts/docker.sh"), *args], capture_output=True, text=True)
-        if up.returncode != 0:
-            msg = f"no Docker engine: {up.stderr[-2000:]}"
-            if os.environ.get("CI") == "true":
-                pytest.fail(msg)
-            pytest.skip(msg)
     import io
 
     from contract import task_shape

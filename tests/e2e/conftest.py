@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.tiers import unavailable
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -16,24 +18,6 @@ def env(tmp_path, database_url, valkey_url, moto_endpoint):
     }
 
 
-def _unavailable(msg: str):
-    if os.environ.get("CI") == "true":
-        pytest.fail(msg)
-    pytest.skip(msg)
-
-
-@pytest.fixture(scope="session")
-def docker_engine():
-    """A Docker engine and the base images (scripts/docker.sh); under CI a missing engine fails, never skips."""
-    for args in (["up"], ["base", "bullseye"]):
-        p = subprocess.run([str(ROOT / "scripts/docker.sh"), *args], capture_output=True, text=True)
-        if p.returncode != 0:
-            _unavailable(f"scripts/docker.sh {' '.join(args)} failed: {p.stderr[-2000:]}")
-    import docker
-
-    return docker.from_env(timeout=600)
-
-
 @pytest.fixture(scope="session")
 def local_registry(docker_engine, tmp_path_factory):
     """A private registry on loopback (scripts/registry.sh: Debian's docker-registry) on a port of this session."""
@@ -43,6 +27,6 @@ def local_registry(docker_engine, tmp_path_factory):
     env = os.environ | {"EVALPLANE_STATE_DIR": str(tmp_path_factory.mktemp("registry"))}
     p = subprocess.run([str(ROOT / "scripts/registry.sh"), "up", port], capture_output=True, text=True, env=env)
     if p.returncode != 0:
-        _unavailable(f"scripts/registry.sh up failed: {p.stderr[-2000:]}")
+        unavailable("the local registry", f"scripts/registry.sh up failed: {p.stderr[-2000:]}")
     yield p.stdout.strip()
     subprocess.run([str(ROOT / "scripts/registry.sh"), "down", port], env=env)

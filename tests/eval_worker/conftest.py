@@ -2,7 +2,7 @@
 Docker engine with the synthetic instances' instance images (built once, kept while their inputs hold).
 
 Docker tests FAIL when CI=true and no engine can be started (scripts/docker.sh engine); without CI
-they skip with the reason.
+they skip with the reason (tests.tiers.unavailable).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import subprocess
 
 import pytest
 from ew_helpers import ROOT, SYNTH, load_instances
+
+from tests.tiers import unavailable
 
 
 @pytest.fixture(autouse=True)
@@ -46,12 +48,6 @@ def _ping():
         return None
 
 
-def _unavailable(reason: str):
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI=true and no Docker engine: {reason}")
-    pytest.skip(f"no Docker engine: {reason}")
-
-
 @pytest.fixture(scope="session")
 def docker_client():
     client = _ping()
@@ -60,13 +56,13 @@ def docker_client():
                            timeout=600, check=False)
         client = _ping()
         if client is None:
-            _unavailable(f"scripts/docker.sh engine exited {r.returncode}: {r.stderr[-500:]}")
+            unavailable("Docker", f"scripts/docker.sh engine exited {r.returncode}: {r.stderr[-500:]}")
     from eval_worker.images import DEFAULT_BASE, ensure_base
 
     try:
         ensure_base(client, DEFAULT_BASE)  # scripts/docker.sh base bullseye when missing
     except RuntimeError as e:
-        _unavailable(str(e))
+        unavailable("Docker", str(e))
     return client
 
 

@@ -9,7 +9,6 @@ import time
 import urllib.request
 
 import pytest
-from conftest import _unavailable
 from ew_helpers import make_job
 
 from contract.models import EvalOutcome
@@ -22,6 +21,8 @@ from eval_worker.records import mirror_record
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory, docker_client):
+    from tests.tiers import unavailable
+
     exe = shutil.which("docker-registry")
     if exe is None:
         for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "docker-registry"]):
@@ -29,7 +30,7 @@ def registry(tmp_path_factory, docker_client):
                            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
         exe = shutil.which("docker-registry")
     if exe is None:
-        _unavailable("docker-registry (Debian package) is not installed")
+        unavailable("docker-registry", "the Debian package is not installed")
     from tests.conftest import free_port
 
     port = free_port()

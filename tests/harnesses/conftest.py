@@ -105,25 +105,13 @@ seed = 4  # its dice fail the run's first call, then about one in three: a run o
 """
 
 
-def _unavailable(msg: str):
-    if os.environ.get("CI") == "true":
-        pytest.fail(msg)
-    pytest.skip(msg)
-
-
 @pytest.fixture(scope="session")
-def instance_images():
+def instance_images(docker_engine):
     """A Docker engine, its base images, and the synthetic instances' SWE-bench-shaped images (built once, cached)."""
-    for args in (["up"], ["base", "bullseye"]):
-        p = subprocess.run([str(ROOT / "scripts/docker.sh"), *args], capture_output=True, text=True)
-        if p.returncode != 0:
-            _unavailable(f"scripts/docker.sh {' '.join(args)} failed: {p.stderr[-2000:]}")
     p = subprocess.run([sys.executable, str(ROOT / "images/swebench/build.py"), "--dataset",
                         str(SYNTHETIC / "instances.jsonl")], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
-    import docker
-
-    return docker.from_env(timeout=600)
+    return docker_engine
 
 
 @dataclass

@@ -28,7 +28,6 @@ from contract.aws import eval_logs_prefix
 from plumbing.services import Service
 from simulator import red_team
 from tests.conftest import free_port
-from tests.e2e.conftest import docker_engine  # noqa: F401 - the Docker engine fixture, shared with tests/e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 SYNTHETIC = ROOT / "examples" / "synthetic"

@@ -18,13 +18,18 @@ from simulator.testing import running_simulator
 
 
 @pytest.fixture(autouse=True)
-def _valkey_cleanup(valkey_url, unique):
+def _valkey_cleanup(request, unique):
     """Every shim test names its runs and pools after `unique`: drop their Valkey keys afterwards, so the
-    shared Valkey does not pile up test pools (autouse: set up first, so torn down after the shims die)."""
+    shared Valkey does not pile up test pools (autouse: set up first, so torn down after the shims die).
+    Only for tests that use Valkey (`valkey_url`, directly or through `shim`/`valkey`): the rest need no Valkey."""
+    if "valkey_url" not in request.fixturenames:
+        yield
+        return
+    valkey_url = request.getfixturevalue("valkey_url")
     yield
     r = redis.Redis.from_url(valkey_url)
     try:
-        batch = [k for k in r.scan_iter(match=f"*{unique}*", count=1000)]
+        batch = list(r.scan_iter(match=f"*{unique}*", count=1000))
         for i in range(0, len(batch), 500):
             r.delete(*batch[i:i + 500])
     finally:

@@ -40,11 +40,11 @@ def _litellm_bin() -> str | None:
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
     """(litellm_url, master_key, clean_sim_url, faulty_sim_url): one proxy, two model groups."""
+    from tests.tiers import unavailable
+
     exe = _litellm_bin()
     if exe is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("no litellm executable in the project venv")
-        pytest.skip("no litellm executable")
+        unavailable("LiteLLM", "no litellm executable in the project venv")
     with ExitStack() as stack:
         clean = stack.enter_context(running_simulator(SimulatorConfig(api_key=SIM_KEY)))
         faulty = stack.enter_context(running_simulator(SimulatorConfig(
@@ -71,8 +71,8 @@ def gateway(tmp_path_factory):
             stack.enter_context(litellm)
         except ServiceFailed as e:
             text = (d / "litellm.log").read_text()[-600:]
-            if "Missing dependency" in text and os.environ.get("CI") != "true":
-                pytest.skip(f"litellm proxy extras missing (set EVALPLANE_LITELLM): {text.splitlines()[-1]}")
+            if "Missing dependency" in text:
+                unavailable("LiteLLM", f"proxy extras missing (set EVALPLANE_LITELLM): {text.splitlines()[-1]}")
             raise RuntimeError(f"litellm exited: {text}") from e
         yield base, master, clean, faulty
 

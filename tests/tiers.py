@@ -1,0 +1,96 @@
+"""The test tiers, in one place: which tests need what (tests/conftest.py applies them at collection).
+
+Every test gets exactly one tier marker:
+
+  unit      needs no service at all: no PostgreSQL, Valkey, Docker, moto server, package index or other network.
+            It may start its own processes on loopback (the simulator in a thread, `python -m simulator`); it
+            passes in a network namespace of its own (scripts/test.sh --fast).
+  services  the real PostgreSQL and Valkey, moto's server, LiteLLM, the package index; no Docker.
+  docker    a Docker engine: images, containers.
+  e2e       whole runs through every part (slow).
+
+A test's tier is, first that wins:
+  1. a tier marker the test carries itself (`@pytest.mark.docker`, `pytestmark = pytest.mark.e2e`), which must then
+     be its only one (a test in an e2e module cannot mark itself unit: it moves to a file of its tier instead);
+  2. the highest of its file's tier (FILES, else its folder's in FOLDERS, else unit) and the tiers of the fixtures it
+     requests (FIXTURES: requesting `database_url` makes a test `services` wherever it lives).
+So a folder mixes tiers without listing each test: a file needs an entry only where its tests need something no
+fixture names (a pip download, a moto server it starts itself), or a test its own marker.
+
+`unavailable(what, why)` is the one rule for a missing service: under CI=true the test fails, else it skips.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+TIERS = ("unit", "services", "docker", "e2e")  # in order: a test takes the highest its needs reach (pyproject.toml
+# registers them as markers)
+
+# Paths relative to tests/. A folder's tier is the default for every file under it.
+FOLDERS: dict[str, str] = {
+    "e2e": "e2e",
+}
+FILES: dict[str, str] = {
+    # grading on the process backend downloads the instance's wheels from the package index
+    "eval_worker/test_grading.py": "services",
+    "eval_worker/test_environments.py": "services",
+    # starts the dispatcher's own moto server (dispatcher.backends.daemons)
+    "dispatcher/test_localstack.py": "services",
+    # its sandbox is a process-backend grading environment, built from the package index
+    "security/test_grading_sandbox.py": "services",
+}
+# Fixtures that stand for a service (requested directly or through another fixture).
+FIXTURES: dict[str, str] = {
+    "database_url": "services",
+    "valkey_url": "services",
+    "moto_endpoint": "services",
+    "iam_moto": "services",  # tests/infra/test_untrusted.py: a moto server with IAM enforcement
+    "gateway": "services",  # tests/shim/test_shim_litellm.py: a LiteLLM proxy
+    "chromium": "services",  # tests/dashboard: headless Chromium from apt
+    "docker_engine": "docker",  # tests/conftest.py: the engine and the base images
+    "docker_client": "docker",  # tests/eval_worker: the engine and the base image
+}
+
+_RANK = {t: i for i, t in enumerate(TIERS)}
+TESTS = Path(__file__).resolve().parent
+
+
+def path_tier(relpath: str) -> str:
+    """The tier a file under tests/ gives its tests: its own entry, else its nearest folder's, else unit."""
+    if relpath in FILES:
+        return FILES[relpath]
+    parents = PurePosixPath(relpath).parents
+    for folder in parents:
+        if str(folder) in FOLDERS:
+            return FOLDERS[str(folder)]
+    return "unit"
+
+
+def tier_of(item: pytest.Item, relpath: str) -> str:
+    own = {m.name for m in item.iter_markers() if m.name in _RANK}  # the test's, its class's, its module's
+    if len(own) > 1:
+        raise pytest.UsageError(f"{item.nodeid}: tier markers {sorted(own)}; a test has exactly one")
+    if own:
+        return own.pop()
+    needs = [path_tier(relpath)] + [FIXTURES[f] for f in getattr(item, "fixturenames", ()) if f in FIXTURES]
+    return max(needs, key=_RANK.__getitem__)
+
+
+def mark(items: list[pytest.Item]) -> None:
+    """Give each collected test its tier marker (tests/conftest.py's pytest_collection_modifyitems)."""
+    for item in items:
+        tier = tier_of(item, item.path.relative_to(TESTS).as_posix())
+        if not item.get_closest_marker(tier):
+            item.add_marker(getattr(pytest.mark, tier))
+
+
+def unavailable(what: str, why: str):
+    """A service a test needs is missing: fail under CI=true (CI must run everything), skip with the reason otherwise."""
+    msg = f"{what} unavailable: {why}"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true and {msg}", pytrace=False)
+    pytest.skip(msg)
