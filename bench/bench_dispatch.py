@@ -335,8 +335,7 @@ def main() -> int:
         from contract import aws, db
         from contract.signing import RunKeys
         from dispatcher import backends
-        from dispatcher.backends import daemons
-        from dispatcher.backends import resources
+        from dispatcher.backends import daemons, resources
         from dispatcher.backends.base import attempt_env
         from dispatcher.driver import loop as runmod
         from dispatcher.driver.actors import PoolPacer, ResultsWriterActor

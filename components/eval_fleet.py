@@ -31,8 +31,8 @@ from components.tiers import (
     task_definition,
 )
 from contract import signing
-from plumbing.egress import EGRESS_IMAGE_ENV
 from eval_worker.package_index import PACKAGE_INDEX_ENV
+from plumbing.egress import EGRESS_IMAGE_ENV
 
 
 @dataclass(frozen=True)

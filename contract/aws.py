@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from functools import lru_cache
+from functools import cache
 from urllib.parse import urlparse
 
 from botocore.config import Config
@@ -26,7 +26,7 @@ def _region() -> str:
     return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
 
 
-@lru_cache(maxsize=None)
+@cache
 def client(service: str, endpoint_url: str | None = None):
     import boto3
 
@@ -34,7 +34,7 @@ def client(service: str, endpoint_url: str | None = None):
                         config=_CONFIG)
 
 
-@lru_cache(maxsize=None)
+@cache
 def split_s3_uri(uri: str) -> tuple[str, str]:
     p = urlparse(uri)
     if p.scheme != "s3" or not p.netloc:

@@ -45,7 +45,7 @@ def make_plan(spec: Spec, spec_file: str = "spec.toml") -> Plan:
     rows: list[dict] = []
     try:
         rows = instances.read_rows(Path(spec.instances.dataset))
-    except Exception as e:  # an unreadable file is a spec problem, not a crash
+    except Exception as e:  # noqa: BLE001 - an unreadable file (any way) is a spec problem, not a crash
         problems.append(SpecProblem(path="instances.dataset", message=f"cannot read: {e}"))
     try:
         rows = instances.select(rows, spec.instances.ids, spec.instances.filter, spec.instances.slice)
@@ -83,7 +83,7 @@ def make_plan(spec: Spec, spec_file: str = "spec.toml") -> Plan:
                 f" {why}; {real}")))
         if len(missing) > 10:
             problems.append(SpecProblem(path=path, message=f"... and {len(missing) - 10} more instance(s)"))
-    sources = {iid: task_shape.TESTBED for iid in (r["instance_id"] for r in rows)} if in_images else dict(bundles)
+    sources = dict.fromkeys((r["instance_id"] for r in rows), task_shape.TESTBED) if in_images else dict(bundles)
     if problems:
         raise SpecError(spec_file, problems)
     refs = [

@@ -7,7 +7,6 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic_core import PydanticCustomError
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -18,6 +17,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 

@@ -44,7 +44,6 @@ from swebench.harness.utils import make_test_spec
 from swebench.types import TestSpec
 
 from contract.models import EvalJob, EvalOutcome, Verdict, utcnow
-from plumbing.egress import EGRESS_IMAGE, EGRESS_IMAGE_ENV, Egress, EgressError
 from eval_worker import package_index
 from eval_worker.cwd import in_directory
 from eval_worker.environments import installs_packages
@@ -55,8 +54,15 @@ from eval_worker.grading import (
     environment_broken,
     infra_entry,
 )
-from eval_worker.layout import BASE_LOG_INSTANCE, BASE_TEST_OUTPUT, EMPTY_MODEL, instance_log_dir, official_run_id
+from eval_worker.layout import (
+    BASE_LOG_INSTANCE,
+    BASE_TEST_OUTPUT,
+    EMPTY_MODEL,
+    instance_log_dir,
+    official_run_id,
+)
 from eval_worker.pinning import ImageResolver, ImageUnavailable, PinnedImage
+from plumbing.egress import EGRESS_IMAGE, EGRESS_IMAGE_ENV, Egress, EgressError
 
 log = logging.getLogger("eval_worker.docker")
 

@@ -59,7 +59,7 @@ class _VisibilityKeeper:
                     QueueUrl=self.queue_url, ReceiptHandle=self.receipt, VisibilityTimeout=self.timeout_s
                 )
                 self.extensions += 1
-            except Exception as e:  # keep trying; the worst case is a duplicate (idempotent) grading
+            except Exception as e:  # noqa: BLE001 - keep trying; the worst case is a duplicate (idempotent) grading
                 log.warning("could not extend visibility: %s", e)
 
     def __enter__(self):
@@ -155,7 +155,7 @@ class EvalWorker:
         started = utcnow()
         try:
             patch = aws.get_text(job.patch_uri)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - whatever the store raised, the attempt lands infra_error
             log.error("%s: could not fetch patch %s: %s", job.ref.slug, job.patch_uri, e)
             return Verdict(
                 ref=job.ref, outcome=EvalOutcome.INFRA_ERROR, resolved=False,

@@ -92,7 +92,7 @@ class Relay:
         self._stop = asyncio.Event()
         try:
             self._loop.run_until_complete(serve(self.routes, self._ready, self._stop))
-        except BaseException as e:  # bind failures surface in __init__
+        except BaseException as e:  # noqa: BLE001 - bind failures surface in __init__
             self._error = e
             self._ready.set()
 

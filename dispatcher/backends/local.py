@@ -86,8 +86,7 @@ class LocalBackend(Backend):
             client = docker.from_env(timeout=30)
             client.ping()
         except Exception as e:  # noqa: BLE001 - no engine at all
-            return {iid: f"backend.launcher = '{self.spec.backend.launcher}' but no Docker engine answers ({e}); "
-                         "scripts/docker.sh up" for iid in plan.rows}
+            return dict.fromkeys(plan.rows, f"backend.launcher = '{self.spec.backend.launcher}' but no Docker engine answers ({e}); " "scripts/docker.sh up")
         problems = {}
         t = self.image_target()
         for iid, row in plan.rows.items():

@@ -3,9 +3,11 @@ queue (eval workers send verdicts there, and only they may: IAM on AWS; its dead
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 
+from botocore.exceptions import ClientError
 from pydantic import BaseModel
 
 from contract import aws
@@ -58,7 +60,7 @@ def ensure(run: str, bucket: str = DEFAULT_BUCKET, queue_prefix: str = "") -> Ru
     s3, sqs = aws.client("s3"), aws.client("sqs")
     try:
         s3.head_bucket(Bucket=bucket)
-    except Exception:
+    except ClientError:  # 404: not made yet
         s3.create_bucket(Bucket=bucket)
     urls = {}
     for role in ("results", "eval"):
@@ -89,7 +91,5 @@ def remove_queues(res: RunResources) -> None:
     sqs = aws.client("sqs")
     for url in (res.results_queue_url, res.eval_queue_url, res.verdict_queue_url, res.results_dlq_url,
                 res.eval_dlq_url):
-        try:
+        with contextlib.suppress(ClientError):  # gone already
             sqs.delete_queue(QueueUrl=url)
-        except Exception:
-            pass

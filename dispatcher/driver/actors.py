@@ -14,8 +14,8 @@ import redis
 
 from contract import keys
 from contract.signing import RunKeys
-from dispatcher.driver.pacing import PacerPolicy, PacerState
 from dispatcher.backends.resources import RunResources
+from dispatcher.driver.pacing import PacerPolicy, PacerState
 from dispatcher.driver.writer import ResultsWriter
 
 

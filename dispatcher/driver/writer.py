@@ -48,8 +48,8 @@ from contract.models import (
     utcnow,
 )
 from contract.signing import RunKeys
-from dispatcher.driver.message_auth import RECEIVE_ATTRIBUTES, MessageAuth, signature_of
 from dispatcher.backends.resources import RunResources
+from dispatcher.driver.message_auth import RECEIVE_ATTRIBUTES, MessageAuth, signature_of
 
 log = logging.getLogger("evalplane.writer")
 

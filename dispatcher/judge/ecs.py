@@ -6,9 +6,9 @@ from the task definition, never through here."""
 from __future__ import annotations
 
 from contract import aws
+from dispatcher.backends.stack_outputs import StackOutputs
 from dispatcher.judge.rubric import Rubric
 from dispatcher.launchers.ecs import EcsTarget, started_by
-from dispatcher.backends.stack_outputs import StackOutputs
 
 CONTAINER = "judge"  # the container name in the judge task definition
 

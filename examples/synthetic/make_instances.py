@@ -358,8 +358,8 @@ HISTORY: dict[str, list] = {
         Commit("calc: clamp, lerp, mean and median", "2025-11-03T10:00:00+00:00", files=CALC_FILES, tag="v0.1.0"),
         Commit("Release 0.2.0: usage in the README", "2025-12-15T09:30:00+00:00", tag="v0.2.0", edits=(
             ("README.md", "descriptive statistics.\n",
-             "descriptive statistics.\n\n```python\n>>> from calc import clamp, median\n>>> clamp(12, 0, 10)\n10\n"
-             ">>> median([3, 1, 2])\n2\n```\n"),
+             ("descriptive statistics.\n\n```python\n>>> from calc import clamp, median\n>>> clamp(12, 0, 10)\n10\n"
+             ">>> median([3, 1, 2])\n2\n```\n")),
             *_calc_release("0.1.0", "0.2.0"))),
         Base(1),
         Fix(1, "median: average the two middle values of even-length input (#1)", "2026-01-06T14:02:11+00:00"),
@@ -368,9 +368,9 @@ HISTORY: dict[str, list] = {
         Fix(2, "mean: raise ValueError for empty input (#2)", "2026-01-09T11:40:00+00:00"),
         Commit("Add variance", "2026-01-26T16:20:00+00:00", edits=(
             ("calc/stats.py", '\n\ndef median(values):\n',
-             '\n\ndef variance(values):\n    """Population variance of a non-empty sequence of numbers."""\n'
+             ('\n\ndef variance(values):\n    """Population variance of a non-empty sequence of numbers."""\n'
              "    values = list(values)\n    m = mean(values)\n    return sum((v - m) ** 2 for v in values) / len(values)\n"
-             '\n\ndef median(values):\n'),
+             '\n\ndef median(values):\n')),
             ("calc/__init__.py", "from calc.stats import mean, median\n",
              "from calc.stats import mean, median, variance\n"),
             ("calc/__init__.py", '"median"]', '"median", "variance"]'),
@@ -385,8 +385,8 @@ HISTORY: dict[str, list] = {
                tag="v1.0.0"),
         Commit("Document the separator argument of slugify", "2025-12-20T10:45:00+00:00", tag="v1.1.0", edits=(
             ("textkit/slug.py", '    """Turn arbitrary text into a URL slug: lowercase ASCII words joined by separator."""\n',
-             '    """Turn arbitrary text into a URL slug: lowercase ASCII words joined by separator.\n\n'
-             '    separator may be any string; "-" by default, "_" for identifiers.\n    """\n'),)),
+             ('    """Turn arbitrary text into a URL slug: lowercase ASCII words joined by separator.\n\n'
+             '    separator may be any string; "-" by default, "_" for identifiers.\n    """\n')),)),
         Base(1),
         Fix(1, "slugify: collapse runs of separators and strip them at the ends (#3)", "2026-01-13T09:00:00+00:00"),
         Base(2),
@@ -395,8 +395,8 @@ HISTORY: dict[str, list] = {
         Fix(3, "word_count: split on any run of whitespace (#5)", "2026-01-20T10:10:00+00:00"),
         Commit("Add reading_time", "2026-02-03T13:00:00+00:00", tag="v1.3.0", edits=(
             ("textkit/wrap.py", "def word_count(text):\n",
-             'def reading_time(text, words_per_minute=200):\n    """Minutes needed to read text, rounded up."""\n'
-             "    return -(-word_count(text) // words_per_minute)\n\n\ndef word_count(text):\n"),
+             ('def reading_time(text, words_per_minute=200):\n    """Minutes needed to read text, rounded up."""\n'
+             "    return -(-word_count(text) // words_per_minute)\n\n\ndef word_count(text):\n")),
             ("tests/test_wrap.py", "from textkit import truncate, word_count\n",
              "from textkit import truncate, word_count\nfrom textkit.wrap import reading_time\n"),
             ("tests/test_wrap.py", "def test_word_count_empty():\n",
@@ -432,16 +432,16 @@ when the dashboards showed a different median latency than our offline notebook.
         "patch": [(
             "calc/stats.py",
             "    mid = len(ordered) // 2\n    return ordered[mid]\n",
-            "    mid = len(ordered) // 2\n    if len(ordered) % 2:\n        return ordered[mid]\n"
-            "    return (ordered[mid - 1] + ordered[mid]) / 2\n",
+            ("    mid = len(ordered) // 2\n    if len(ordered) % 2:\n        return ordered[mid]\n"
+            "    return (ordered[mid - 1] + ordered[mid]) / 2\n"),
         )],
         "test_patch": [(
             "tests/test_stats.py",
             "def test_median_empty():\n",
-            "def test_median_even():\n    assert median([4, 1, 3, 2]) == 2.5\n\n\n"
+            ("def test_median_even():\n    assert median([4, 1, 3, 2]) == 2.5\n\n\n"
             '@pytest.mark.parametrize("values,expected", [([1, 3], 2), ([1, 2, 3, 4, 5, 6], 3.5), ([5, 5], 5)])\n'
             "def test_median_even_param(values, expected):\n    assert median(values) == expected\n\n\n"
-            "def test_median_empty():\n",
+            "def test_median_empty():\n"),
         )],
     },
     {
@@ -466,18 +466,18 @@ message that says at least one data point is required. Generators must keep work
         "patch": [(
             "calc/stats.py",
             "    values = list(values)\n    return sum(values) / len(values)\n",
-            "    values = list(values)\n    if not values:\n"
+            ("    values = list(values)\n    if not values:\n"
             '        raise ValueError("mean requires at least one data point")\n'
-            "    return sum(values) / len(values)\n",
+            "    return sum(values) / len(values)\n"),
         )],
         "test_patch": [(
             "tests/test_stats.py",
             "def test_median_odd():\n",
-            "def test_mean_empty_raises_value_error():\n"
+            ("def test_mean_empty_raises_value_error():\n"
             '    with pytest.raises(ValueError, match="at least one data point"):\n        mean([])\n\n\n'
             "def test_mean_empty_generator():\n    with pytest.raises(ValueError):\n"
             "        mean(x for x in ())\n\n\n"
-            "def test_median_odd():\n",
+            "def test_median_odd():\n"),
         )],
     },
     {
@@ -510,13 +510,13 @@ should never start or end with one; these slugs end up in URLs and look broken. 
         "test_patch": [(
             "tests/test_slug.py",
             "def test_slugify_separator():\n",
-            "def test_slugify_collapses_punctuation():\n"
+            ("def test_slugify_collapses_punctuation():\n"
             '    assert slugify("Hello,  World!") == "hello-world"\n\n\n'
             "def test_slugify_strips_edges():\n"
             '    assert slugify("  --Draft-- ") == "draft"\n\n\n'
             "def test_slugify_custom_separator_collapses():\n"
             '    assert slugify("a -- b", separator="_") == "a_b"\n\n\n'
-            "def test_slugify_separator():\n",
+            "def test_slugify_separator():\n"),
         )],
     },
     {
@@ -547,11 +547,11 @@ rendering. Custom placeholders should be accounted for the same way, e.g.
         "test_patch": [(
             "tests/test_wrap.py",
             "def test_word_count_simple():\n",
-            "def test_truncate_respects_width():\n"
+            ("def test_truncate_respects_width():\n"
             '    assert truncate("abcdefghij", 8) == "abcde..."\n\n\n'
             "def test_truncate_custom_placeholder():\n"
             '    assert truncate("abcdefghij", 5, placeholder="~") == "abcd~"\n\n\n'
-            "def test_word_count_simple():\n",
+            "def test_word_count_simple():\n"),
         )],
     },
     {
@@ -585,13 +585,13 @@ user comments, and multi-line comments are counted completely wrong.
         "test_patch": [(
             "tests/test_wrap.py",
             "def test_word_count_empty():\n",
-            "def test_word_count_repeated_spaces():\n"
+            ("def test_word_count_repeated_spaces():\n"
             '    assert word_count("one  two") == 2\n\n\n'
             "def test_word_count_newlines_and_tabs():\n"
             '    assert word_count("one\\ntwo\\tthree") == 3\n\n\n'
             "def test_word_count_only_whitespace():\n"
             '    assert word_count("   ") == 0\n\n\n'
-            "def test_word_count_empty():\n",
+            "def test_word_count_empty():\n"),
         )],
     },
 ]
@@ -602,8 +602,8 @@ WRONG_EDIT = [(
     "calc/stats.py",
     "    mid = len(ordered) // 2\n    return ordered[mid]\n",
     # plausible but wrong: averages the upper pair (and indexes past the end for 2 elements)
-    "    mid = len(ordered) // 2\n    if len(ordered) % 2 == 0:\n"
-    "        return (ordered[mid] + ordered[mid + 1]) / 2\n    return ordered[mid]\n",
+    ("    mid = len(ordered) // 2\n    if len(ordered) % 2 == 0:\n"
+    "        return (ordered[mid] + ordered[mid + 1]) / 2\n    return ordered[mid]\n"),
 )]
 EMPTY_INSTANCE = "evalplane__textkit-2"
 
@@ -728,7 +728,7 @@ def _run_tests(root: Path, env: dict, test_files: list[str]) -> dict[str, str]:
         env={**env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": str(root)},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        text=True,
+        text=True, check=False
     )
     from swebench.harness.log_parsers import PARSER_REGISTRY
 
@@ -881,8 +881,7 @@ def build(out: Path) -> list[dict]:
             -1]["base_commit"]
 
     with open(out / "instances.jsonl", "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
     (out / "repos" / "environments.toml").write_text(environments_toml(rows))
     policy = {
         "default": {"action": "gold"},

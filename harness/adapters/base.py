@@ -198,7 +198,7 @@ class NpmHarness(HarnessAdapter):
                 raise RuntimeError(f"the {cls.name} layer needs npm on the host (apt-get install npm)")
             p = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(cache),
                                 f"{cls.npm_package}@{cls.version}"], capture_output=True, text=True,
-                               stdin=subprocess.DEVNULL)
+                               stdin=subprocess.DEVNULL, check=False)
             if p.returncode != 0:
                 raise RuntimeError(f"npm install {cls.npm_package}@{cls.version} failed: {p.stderr[-2000:]}")
             (cache / ".complete").touch()
@@ -258,7 +258,7 @@ class PipHarness(HarnessAdapter):
         steps.append([*pip, "download", "-q", "--only-binary=:all:", "--python-version", cls.python, *plat,
                       "--find-links", str(cache), "-c", str(pins), "-r", str(req), "pip", "-d", str(cache)])
         for argv in steps:
-            p = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+            p = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
             if p.returncode != 0:
                 raise RuntimeError(f"{' '.join(argv[2:4])} for the {cls.name} layer failed: {p.stderr[-2000:]}")
         (cache / ".complete").touch()

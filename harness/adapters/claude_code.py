@@ -9,11 +9,20 @@ prompts as root; the DISABLE_* variables stop its telemetry, error reports, upda
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import Field
 
 from contract.models import HarnessOutcome, Job
-from harness.adapters.base import Cap, HarnessRun, HarnessSettings, NpmHarness, harness_home, read_json_lines, write_task
+from harness.adapters.base import (
+    Cap,
+    HarnessRun,
+    HarnessSettings,
+    NpmHarness,
+    harness_home,
+    read_json_lines,
+    write_task,
+)
 
 RESULTS = {
     "success": HarnessOutcome.SUBMITTED,
@@ -31,7 +40,7 @@ class ClaudeCode(NpmHarness):
     name = "claude-code"
     version = "2.1.328"
     npm_package = "@anthropic-ai/claude-code"
-    binaries = {"claude": "@anthropic-ai/claude-code-linux-x64/claude"}
+    binaries: ClassVar[dict[str, str]] = {"claude": "@anthropic-ai/claude-code-linux-x64/claude"}
     Settings = ClaudeCodeSettings
     caps = frozenset({Cap.TURNS, Cap.COST})
     providers = ("anthropic",)

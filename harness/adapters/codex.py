@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import ClassVar
 
 from contract.models import HarnessOutcome, Job
 from harness.adapters.base import HarnessRun, NpmHarness, harness_home, read_json_lines, write_task
@@ -55,7 +56,7 @@ class Codex(NpmHarness):
     name = "codex"
     version = "0.169.0"
     npm_package = "@openai/codex"
-    binaries = {
+    binaries: ClassVar[dict[str, str]] = {
         "codex": "@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex",
         "rg": "@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/codex-path/rg",
     }

@@ -41,7 +41,7 @@ def main(cfg_path: str) -> int:
     agent = DefaultAgent(model, env, **agent_cfg)
     try:
         info = agent.run(task=cfg["task"])
-    except Exception as e:  # the trajectory (saved on every step) records the exit; the task reads it
+    except Exception as e:  # noqa: BLE001 - the trajectory (saved on every step) records the exit; the task reads it
         print(f"mini-swe-agent ended with {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     print(f"mini-swe-agent exit status: {info.get('exit_status')}", file=sys.stderr)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import ClassVar
 
 from contract.models import HarnessOutcome, Job
 from harness.adapters.base import HarnessRun, NpmHarness, harness_home, read_json_lines, write_task
@@ -38,7 +39,7 @@ class Opencode(NpmHarness):
     name = "opencode"
     version = "1.18.33"
     npm_package = "opencode-ai"
-    binaries = {"opencode": "opencode-linux-x64/bin/opencode"}
+    binaries: ClassVar[dict[str, str]] = {"opencode": "opencode-linux-x64/bin/opencode"}
 
     def prepare(self, job: Job, testbed: Path, workdir: Path, shim_url: str, local_token: str,
                 env: dict[str, str]) -> HarnessRun:

@@ -22,7 +22,7 @@ from simulator.policy import Conversation, Reply
 SYSTEM_MARKER = "diff -U0"  # in Aider's udiff system prompt ("... unified diffs that `diff -U0` would produce")
 ASK = "Before I change anything, please add these files to the chat:"
 STALE = "-@@@ evalplane ~~ 7f3a9c2e ~~ a line that is in no file, so this hunk never applies ~~ 7f3a9c2e @@@\n"
-_FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
+_FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 
 
 def file_sections(patch: str) -> list[tuple[str, str]]:
@@ -35,7 +35,7 @@ def file_sections(patch: str) -> list[tuple[str, str]]:
         if head >= 0:
             out.append((path, body[head + 1:].rstrip("\n") + "\n"))
     if not starts and patch.lstrip().startswith("--- "):  # a bare unified diff (no `diff --git` lines)
-        first = re.search(r"^\+\+\+ (?:b/)?(\S+)", patch, re.M)
+        first = re.search(r"^\+\+\+ (?:b/)?(\S+)", patch, re.MULTILINE)
         out.append((first.group(1) if first else "", patch.strip("\n") + "\n"))
     return out
 

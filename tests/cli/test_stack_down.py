@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,10 +21,10 @@ from rich.console import Console
 
 from contract import keys
 from dispatcher.dashboard.app import start
-from dispatcher.dashboard.view import ValkeyLiveSource
 from dispatcher.dashboard.live import LiveRun, start_live
-from dispatcher.plan import make_plan
+from dispatcher.dashboard.view import ValkeyLiveSource
 from dispatcher.driver.progress import Progress, eta_s
+from dispatcher.plan import make_plan
 from dispatcher.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]

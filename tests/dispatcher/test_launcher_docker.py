@@ -76,7 +76,7 @@ def launcher(engine, moto_endpoint, valkey_url, unique, tmp_path):
         c.remove(force=True)
     lau.close(remove_network=True)
     upstream.shutdown()
-    assert lau.egress.bridge not in subprocess.run(["iptables", "-S", "INPUT"], capture_output=True, text=True).stdout
+    assert lau.egress.bridge not in subprocess.run(["iptables", "-S", "INPUT"], capture_output=True, text=True, check=False).stdout
 
 
 PROBE = r"""
@@ -115,7 +115,7 @@ def resolvable_name() -> str:
 
 
 def host_addresses() -> list[str]:
-    out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+    out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, check=False).stdout
     return [line.split()[3].split("/")[0] for line in out.splitlines() if " lo " not in line]
 
 

@@ -21,8 +21,8 @@ from botocore.exceptions import ClientError
 
 from contract import task_shape
 from contract.models import AttemptRef
-from dispatcher.launchers.ecs import PENDING, EcsLauncher, EcsTarget, exit_code, started_by
 from dispatcher.backends.stack_outputs import StackOutputs, StackOutputsError
+from dispatcher.launchers.ecs import PENDING, EcsLauncher, EcsTarget, exit_code, started_by
 from dispatcher.launchers.task_definitions import PgRevisionCache, TaskImageError, register_fields
 from plumbing.token_bucket import TokenBucket
 

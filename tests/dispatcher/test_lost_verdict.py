@@ -26,9 +26,9 @@ from contract import aws, signing
 from contract.models import AttemptRef, AttemptResult, Envelope, EvalOutcome, HarnessOutcome, Verdict, utcnow
 from dispatcher.backends import resources
 from dispatcher.driver import loop as runmod
+from dispatcher.driver.writer import ResultsWriter
 from dispatcher.plan import make_plan
 from dispatcher.spec import load_spec
-from dispatcher.driver.writer import ResultsWriter
 
 ROOT = Path(__file__).resolve().parents[2]
 SYNTHETIC = ROOT / "examples" / "synthetic"

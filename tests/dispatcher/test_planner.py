@@ -10,7 +10,15 @@ from test_launcher_ecs import estate, manual_progression  # noqa: F401 (fixtures
 
 from contract.pricing import price
 from dispatcher import cli
-from dispatcher.driver.fleet import PRIOR, Planner, PoolObservation, feedable, launch_seconds, observe, predict
+from dispatcher.driver.fleet import (
+    PRIOR,
+    Planner,
+    PoolObservation,
+    feedable,
+    launch_seconds,
+    observe,
+    predict,
+)
 
 OBS = PoolObservation(basis="t", calls_per_attempt=30, input_per_call=2000, cached_per_call=10000,
                       output_per_call=300, attempt_minutes=10)

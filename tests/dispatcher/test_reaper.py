@@ -28,10 +28,10 @@ from contract.models import (
 from dispatcher import report
 from dispatcher.backends import resources
 from dispatcher.driver import loop as runmod
+from dispatcher.driver.writer import ResultsWriter
 from dispatcher.launchers.base import Launcher, TaskHandle
 from dispatcher.plan import make_plan
 from dispatcher.spec import load_spec
-from dispatcher.driver.writer import ResultsWriter
 from harness import task
 
 SYNTHETIC = Path(__file__).resolve().parents[2] / "examples" / "synthetic"
@@ -169,7 +169,7 @@ def test_a_result_killed_on_its_way_still_lands_and_the_run_ends(plan, pg, valke
     assert report.infra_reason({"error": rows["evalplane__textkit-2"][2]}) == "task_died"
     assert {rows[i][1] for i in ("evalplane__calc-1", "evalplane__textkit-3")} == {"EMPTY_PATCH"}
     calls = dict(pg.execute("SELECT instance_id, count(*) FROM calls WHERE run = %s GROUP BY 1", (run,)).fetchall())
-    assert calls == {i: 3 for i in plays}  # every call one row: the S3 ledger copies filled in what was dropped
+    assert calls == dict.fromkeys(plays, 3)  # every call one row: the S3 ledger copies filled in what was dropped
     assert loop.resolved == {"copy": 1, "lost": 2}
     resources.remove_queues(res)
     aws.client("sqs").delete_queue(QueueUrl=sink)

@@ -117,7 +117,7 @@ def test_validate_cli_exits_nonzero_and_writes_nothing(tmp_path, database_url):
     for cmd in ("validate", "run"):
         p = subprocess.run([sys.executable, "-m", "dispatcher", cmd, str(spec)], capture_output=True, text=True,
                            cwd=tmp_path, env={"DATABASE_URL": database_url, "PATH": "/usr/bin:/bin",
-                                              "EVALPLANE_STATE_DIR": str(tmp_path / "state")})
+                                              "EVALPLANE_STATE_DIR": str(tmp_path / "state")}, check=False)
         assert p.returncode == 2, p.stderr
         assert "3 problem(s)" in p.stderr
         for field in ("run.name (line 3)", "instances.dataset (line 13)", "budget.run_usd (line 16)"):

@@ -10,8 +10,8 @@ import time
 
 from contract import signing, valkey_auth
 from contract.models import AttemptRef
-from dispatcher.launchers.process import ProcessLauncher, local_task_env
 from dispatcher.backends.base import attempt_env
+from dispatcher.launchers.process import ProcessLauncher, local_task_env
 
 
 def test_a_local_task_gets_its_run_user_and_its_attempt_key_only(tmp_path, monkeypatch, run_keys):

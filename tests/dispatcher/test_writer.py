@@ -8,8 +8,21 @@ from psycopg.types.json import Jsonb
 
 from contract import aws, signing
 from contract.models import (
-    AttemptLimits, AttemptRef, AttemptResult, CallRecord, Envelope, EvalJob, EvalOutcome, HarnessOutcome, HarnessRef,
-    Job, LedgerBatch, ModelRef, Totals, Verdict, utcnow,
+    AttemptLimits,
+    AttemptRef,
+    AttemptResult,
+    CallRecord,
+    Envelope,
+    EvalJob,
+    EvalOutcome,
+    HarnessOutcome,
+    HarnessRef,
+    Job,
+    LedgerBatch,
+    ModelRef,
+    Totals,
+    Verdict,
+    utcnow,
 )
 from dispatcher.backends import resources
 from dispatcher.driver.writer import ResultsWriter

@@ -39,7 +39,7 @@ def test_a_launcher_and_a_grader_named_by_dotted_path_run_a_run(tmp_path, env, d
                             " GROUP BY instance_id, attempt", (unique,)).fetchall()
         stored = conn.execute("SELECT spec -> 'backend' ->> 'launcher', spec -> 'eval' ->> 'backend' FROM runs"
                               " WHERE run = %s", (unique,)).fetchone()
-    assert {(i, a): n for i, a, n, _ in rows} == {ref: 1 for ref in refs}
+    assert {(i, a): n for i, a, n, _ in rows} == dict.fromkeys(refs, 1)
     assert stored == ("tests.seams.recording:RecordingLauncher", "tests.seams.recording:RecordingGrader")
     gradings = [json.loads(line) for line in
                 (Path(env["EVALPLANE_STATE_DIR"]) / "runs" / unique / GRADINGS).read_text().splitlines()]

@@ -19,8 +19,8 @@ from eval_worker.environments import GradingEnvironmentError, RecipeBook, instal
 from eval_worker.grading import grade
 from eval_worker.images import recipe_for
 from eval_worker.layout import BASE_TEST_OUTPUT, LOG_FILES, instance_log_dir
-from eval_worker.report import write_run_report
 from eval_worker.process_grader import ProcessGrader
+from eval_worker.report import write_run_report
 
 RECIPES = SYNTH / "repos" / "environments.toml"
 ACTIVATE = "source /opt/miniconda3/bin/activate && conda activate testbed"

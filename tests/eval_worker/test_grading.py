@@ -14,11 +14,11 @@ import pytest
 from ew_helpers import make_job, patch_from_edits
 
 from contract.models import EvalOutcome, Verdict
+from eval_worker.graders import Grader
 from eval_worker.grading import grade, infra_entry
 from eval_worker.layout import LOG_FILES, instance_log_dir, official_run_id
-from eval_worker.report import write_run_report
-from eval_worker.graders import Grader
 from eval_worker.process_grader import ProcessGrader
+from eval_worker.report import write_run_report
 from eval_worker.sandbox import map_container_paths
 
 MODEL = "evalplane/demo-model"
@@ -198,11 +198,11 @@ def test_endless_test_times_out_and_group_is_killed(instances, tmp_path):
     patch = patch_from_edits(row, [(
         "calc/stats.py",
         "    mid = len(ordered) // 2\n",
-        "    import subprocess, sys, time\n"
+        ("    import subprocess, sys, time\n"
         f"    subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True: time.sleep(0.05)', {token!r}])\n"
         "    while True:\n"
         "        time.sleep(0.05)\n"
-        "    mid = len(ordered) // 2\n",
+        "    mid = len(ordered) // 2\n"),
     )], tmp_path)
     seen: set[int] = set()
     done = threading.Event()

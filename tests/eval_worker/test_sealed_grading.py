@@ -11,10 +11,10 @@ import docker
 from ew_helpers import make_job, patch_from_edits
 
 from contract.models import EvalOutcome
-from plumbing.egress import EGRESS_IMAGE, bridge_gateway
 from eval_worker.docker_backend import INDEX_DOWN, DockerGrader
 from eval_worker.grading import grade, infra_entry
 from eval_worker.layout import instance_log_dir
+from plumbing.egress import EGRESS_IMAGE, bridge_gateway
 
 MODEL = "evalplane/demo-model"
 PROBE = r"""

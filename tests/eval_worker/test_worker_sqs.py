@@ -51,7 +51,7 @@ def test_cli_worker_end_to_end(moto_endpoint, instances, unique, tmp_path, verdi
     r = subprocess.run(
         [sys.executable, "-m", "eval_worker", "--queue", evalq, "--logs-root", str(tmp_path / "logs-root"),
          "--once", "--wait-time", "5", "--visibility-timeout", "30"],
-        cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=180,
+        cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=180, check=False
     )
     assert r.returncode == 0, r.stderr
 
@@ -88,7 +88,7 @@ class _PeekingGrader(ProcessGrader):
 
 
 def test_worker_keeps_message_invisible_and_drops_poison(moto_endpoint, instances, unique, tmp_path):
-    s3, sqs, bucket, evalq, resq = _setup(unique)
+    _s3, sqs, bucket, evalq, resq = _setup(unique)
     row = instances["evalplane__textkit-3"]
     aws.send(evalq, '{"not": "an eval job"}')
     aws.send(evalq, _job(row, bucket, unique, resq, "", attempt=1).model_dump_json())  # empty: never graded
@@ -127,7 +127,7 @@ def test_cli_worker_environment_that_cannot_run_tests(moto_endpoint, instances, 
     bad = tmp_path / "bad.toml"
     bad.write_text(synthetic_recipe(packages=["pytest>=8"]))
     r = subprocess.run([*worker, "--environments", str(bad)], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=120)
+                       timeout=120, check=False)
     assert r.returncode == 2 and f"--environments: {bad}: environment[0].packages" in r.stderr, r.stderr
     assert sqs.get_queue_attributes(QueueUrl=evalq, AttributeNames=["ApproximateNumberOfMessages"])[
         "Attributes"]["ApproximateNumberOfMessages"] == "1"
@@ -136,7 +136,7 @@ def test_cli_worker_environment_that_cannot_run_tests(moto_endpoint, instances, 
     good = RecipeBook.load(SYNTH / "repos" / "environments.toml").get("evalplane/calc", "0.2")
     broken.write_text(synthetic_recipe(packages=good.requirements(drop=["pytest"])))
     r = subprocess.run([*worker, "--environments", str(broken)], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=300)
+                       timeout=300, check=False)
     assert r.returncode == 0, r.stderr
     msgs = sqs.receive_message(QueueUrl=resq, MaxNumberOfMessages=10, WaitTimeSeconds=1).get("Messages", [])
     v = Envelope.model_validate_json(msgs[0]["Body"]).msg

@@ -60,7 +60,7 @@ def parse(container: str, path: Path, is_harness) -> Trace:
             parent.setdefault(int(c[2] or c[1]), pid)
         if e := EXECVE.match(call):  # its result may come on a later line (`<... execve resumed>) = 0`)
             pending[pid] = (e[1], re.findall(r'"((?:[^"\\]|\\.)*)"', e[2]))
-        if (call.startswith("execve(") or call.startswith("<... execve resumed>")) and call.rstrip().endswith("= 0") \
+        if (call.startswith(("execve(", "<... execve resumed>"))) and call.rstrip().endswith("= 0") \
                 and pid in pending:
             exe, argv = pending.pop(pid)
             if "-m" in argv and "shim" in argv:
@@ -124,7 +124,7 @@ class Tracer:
             try:
                 found = self.client.containers.list(filters={"label": [f"evalplane.run={self.run}",
                                                                        "evalplane.role=task"]})
-            except Exception:  # the engine is busy: look again
+            except Exception:  # noqa: BLE001 - the engine is busy: look again
                 found = []
             for c in found:
                 iid = c.labels.get("evalplane.instance", c.id)
@@ -132,7 +132,7 @@ class Tracer:
                     continue
                 try:
                     pid = self.client.api.inspect_container(c.id)["State"]["Pid"]
-                except Exception:  # gone already, or the engine is busy
+                except Exception:  # noqa: BLE001, S112 - gone already, or the engine is busy
                     continue
                 runner = self._task_runner(pid) if pid else None
                 if runner is None:

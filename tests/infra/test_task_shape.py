@@ -8,8 +8,8 @@ import json
 import boto3
 
 from contract import task_shape, valkey_auth
-from dispatcher.launchers.ecs import EcsLauncher
 from dispatcher.backends.stack_outputs import StackOutputs
+from dispatcher.launchers.ecs import EcsLauncher
 from dispatcher.launchers.task_definitions import derive_revision, register_fields
 
 DIGEST = "123456789012.dkr.ecr.us-east-1.amazonaws.com/evalplane/task-images@sha256:" + "ab" * 32

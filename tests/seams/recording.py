@@ -10,9 +10,8 @@ every patch was graded by it (it runs in the eval workers, which the dispatcher 
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
 import os
+from pathlib import Path
 
 from contract.models import AttemptRef, EvalJob, Verdict
 from dispatcher.launchers.base import LaunchContext, TaskHandle

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SYNTHETIC = ROOT / "examples" / "synthetic"
 INSTANCE = "evalplane__calc-1"
 CANARY = re.compile(red_team.CANARY_PATTERN)
-ATTACK_LINE = re.compile(r"^ATTACK (\w+): (\{.*\})$", re.M)
+ATTACK_LINE = re.compile(r"^ATTACK (\w+): (\{.*\})$", re.MULTILINE)
 
 
 def canary() -> str:
@@ -223,7 +223,7 @@ def run_once(tmp: Path, launcher: str, red: bool, base_env: dict, database_url: 
     try:
         for _ in range(4):  # Ray's node missed even that deadline: run again (the run resumes)
             p = subprocess.run([sys.executable, "-m", "dispatcher", "run", str(spec), "--out", str(tmp / "out")],
-                               env=base_env, capture_output=True, text=True, timeout=2400, cwd=ROOT)
+                               env=base_env, capture_output=True, text=True, timeout=2400, cwd=ROOT, check=False)
             if p.returncode == 0 or "node timed out during startup" not in p.stderr:
                 break
     finally:
@@ -330,7 +330,7 @@ def process_runs(security_env, database_url, valkey_session, tmp_path_factory):
 def docker_runs(docker_engine, security_env, database_url, valkey_session, tmp_path_factory):
     """(red team, honest) with the docker launcher: task images, the egress, docker grading."""
     p = subprocess.run([sys.executable, str(ROOT / "images/swebench/build.py"), "--dataset",
-                        str(SYNTHETIC / "instances.jsonl")], capture_output=True, text=True, cwd=ROOT)
+                        str(SYNTHETIC / "instances.jsonl")], capture_output=True, text=True, cwd=ROOT, check=False)
     assert p.returncode == 0, p.stderr[-3000:]
     tmp = tmp_path_factory.mktemp("docker-runs")
     red = run_once(tmp / "red", "docker", True, security_env, database_url, valkey_session)

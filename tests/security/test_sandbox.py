@@ -29,7 +29,7 @@ def agent() -> sandbox.Agent:
 
 def as_agent(agent: sandbox.Agent, code: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(agent.argv([sys.executable, "-c", code], Path("/tmp")), cwd="/", capture_output=True,
-                          text=True, env=env or {"PATH": "/usr/bin:/bin"}, timeout=60)
+                          text=True, env=env or {"PATH": "/usr/bin:/bin"}, timeout=60, check=False)
 
 
 def sleeper(argv_prefix: list[str], env: dict) -> subprocess.Popen:
@@ -78,7 +78,7 @@ def test_the_process_launcher_refuses_to_run_the_agent_unisolated_without_root(a
             " as f; b = N(kind='local', launcher='process', isolate_agent=True); print(f(N(backend=b)));"
             " print(f(N(backend=N(kind='local', launcher='process', isolate_agent=False))))")
     p = subprocess.run(agent.argv([sys.executable, "-c", code], ROOT), cwd="/", capture_output=True, text=True,
-                       env={"PATH": "/usr/bin:/bin"}, timeout=60)
+                       env={"PATH": "/usr/bin:/bin"}, timeout=60, check=False)
     assert p.returncode == 0, p.stderr
     refused, opted_out = p.stdout.splitlines()
     assert refused.startswith("backend.isolate_agent:") and "root" in refused
@@ -105,7 +105,7 @@ def test_on_a_host_the_agents_network_leads_only_to_the_shim(agent):
             f"    except OSError as e:\n        print(h, type(e).__name__)\n")
     try:
         p = subprocess.run(agent.argv([sys.executable, "-c", code], Path("/tmp"), relay_port=port), cwd="/",
-                           capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, timeout=60)
+                           capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, timeout=60, check=False)
     finally:
         shim.shutdown()
         for pid in _relays(port):  # this test's relay, left to the runner's reaping in a task

@@ -30,7 +30,7 @@ def main(task_file: str, out_dir: str, max_iterations: str) -> int:
     try:
         conversation.send_message(Path(task_file).read_text())
         conversation.run()
-    except Exception as e:  # the status file says how it ended; the task runner reads it
+    except Exception as e:  # noqa: BLE001 - the status file says how it ended; the task runner reads it
         error = f"{type(e).__name__}: {e}"
     state = conversation.state
     events = [event.model_dump(mode="json") for event in state.events]
