@@ -54,14 +54,6 @@ class Registry(Generic[T]):
     def items(self) -> list[tuple[str, T]]:
         return [(n, self.get(n)) for n in self.names()]
 
-    def known(self, name: str) -> bool:
-        """A registered name, or a dotted path that resolves (what a spec validator asks)."""
-        try:
-            self.get(name)
-        except UnknownName:
-            return False
-        return True
-
     def get(self, name: str) -> T:
         target = self._targets.get(name)
         if target is None:
