@@ -48,25 +48,49 @@ BASE_DB = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/t
 
 
 def setup(tmp: Path, n: int, concurrency: int, result_wait_s: float) -> tuple[str, Path, list]:
+    name, motos = make_database(), start_aws()
+    return name, write_run(tmp, n, concurrency, result_wait_s), motos
+
+
+def make_database() -> str:
+    """A PostgreSQL database of the bench's own (DATABASE_URL names it from here on); the caller drops it."""
     name = f"ep_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(BASE_DB, autocommit=True) as c:
         c.execute(f'CREATE DATABASE "{name}"')
-    db_url = BASE_DB.rsplit("/", 1)[0] + "/" + name
+    os.environ["DATABASE_URL"] = BASE_DB.rsplit("/", 1)[0] + "/" + name
+    return name
+
+
+def start_aws() -> list:
+    """S3 and SQS stand-ins, one server process each (they share no state); the caller terminates them."""
     motos = []
-    for service in ("s3", "sqs"):  # one server process each: they share no state
+    for service in ("s3", "sqs"):
         proc, endpoint = start_moto()
         motos.append(proc)
         os.environ[f"AWS_ENDPOINT_URL_{service.upper()}"] = endpoint
-    os.environ.update(DATABASE_URL=db_url, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
-                      AWS_DEFAULT_REGION="us-east-1", RAY_USAGE_STATS_ENABLED="0")
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
+                      RAY_USAGE_STATS_ENABLED="0")
     os.environ.pop("AWS_ENDPOINT_URL", None)
-    rows = [{"instance_id": f"bench__sim-{i}", "repo": "bench/sim", "base_commit": "0" * 40, "version": "0.1",
-             "problem_statement": f"simulated instance {i}", "FAIL_TO_PASS": "[]", "PASS_TO_PASS": "[]",
-             "image": f"swebench/sweb.eval.x86_64.bench_1776_sim-{i}:latest", "eval_script": "true",
-             "log_parser": "parse_log_pytest", "eval_type": "pass_and_fail", "patch": ""} for i in range(n)]
-    (tmp / "instances.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp / "repos").mkdir()
-    (tmp / "repos" / "bench__sim.bundle").write_text("simulated")
+    return motos
+
+
+def write_run(tmp: Path, n: int, concurrency: int, result_wait_s: float, pool: str | None = None, model: str = "",
+              budget: str = "", statement: str = "", dataset: Path | None = None) -> Path:
+    """A run's spec (and its n simulated instances) under tmp: pool (default: a fresh one), model and budget (more
+    lines of those sections), statement (what follows each instance's problem statement), dataset (a folder the
+    instances are written to once and read from by every run given it: one dataset for the ledger; default tmp)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    data = (dataset or tmp).resolve()
+    data.mkdir(parents=True, exist_ok=True)
+    if not (data / "instances.jsonl").exists():
+        rows = [{"instance_id": f"bench__sim-{i}", "repo": "bench/sim", "base_commit": "0" * 40, "version": "0.1",
+                 "problem_statement": f"simulated instance {i} of {data.name}{statement}", "FAIL_TO_PASS": "[]",
+                 "PASS_TO_PASS": "[]", "image": f"swebench/sweb.eval.x86_64.bench_1776_sim-{i}:latest",
+                 "eval_script": "true", "log_parser": "parse_log_pytest", "eval_type": "pass_and_fail", "patch": ""}
+                for i in range(n)]
+        (data / "instances.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (data / "repos").mkdir(exist_ok=True)
+        (data / "repos" / "bench__sim.bundle").write_text("simulated")
     spec = tmp / "spec.toml"
     spec.write_text(f"""
 [run]
@@ -76,19 +100,21 @@ name = "mini-swe-agent"
 [model]
 provider = "anthropic"
 model = "claude-sonnet-4-5"
-pool = "bench-{uuid.uuid4().hex[:6]}"
+pool = "{pool or f"bench-{uuid.uuid4().hex[:6]}"}"
+{model}
 [instances]
-dataset = "instances.jsonl"
-repos = "repos"
+dataset = "{data / "instances.jsonl"}"
+repos = "{data / "repos"}"
 [budget]
 run_usd = 1000000
 wall_time_s = 3600
+{budget}
 [backend]
 concurrency = {concurrency}
 writers = 2
 result_wait_s = {result_wait_s}
 """)
-    return name, spec, motos
+    return spec
 
 
 def landing_ratio(sample: int, batches: int) -> dict[str, float]:

@@ -252,39 +252,38 @@ class Fleet:
             time.sleep(self.TICK_S)
 
 
-def _fleet_main(conn, env: dict[str, str], kwargs: dict) -> None:
+def _fleet_main(conn, env: dict[str, str], kwargs: dict, fleet=Fleet) -> None:
     import os
 
     os.environ.update(env)
-    Fleet(conn, **kwargs).run()
+    fleet(conn, **kwargs).run()
 
 
-class SimLauncher(Launcher):
-    """The driver's side: each launch goes to the fleet process (in batches, once a pass), and poll answers from
-    the exits the fleet reports."""
+class FleetLauncher(Launcher):
+    """The driver's side of a fleet process: each launch goes to the fleet (in batches, once a pass), and poll
+    answers from the exits the fleet reports ("exit", [(instance_id, attempt, code)]); ("stats", dict) messages
+    update `stats`. `fleet(conn, **kwargs).run()` runs in the fleet process (spawned: picklable arguments)."""
 
-    def __init__(self, results_queue_url: str, bucket: str, pool: str, model: str, valkey_url: str, env: dict,
-                 task_s: float, batches: int = 3, drop: set[str] = frozenset(), expected: int = 0,
-                 attempt_env: AttemptEnv = no_attempt_env):
-        """attempt_env(ref): what one attempt's task gets besides the run's environment (its attempt key), as a
-        real launcher's."""
+    def __init__(self, fleet, kwargs: dict, env: dict, attempt_env: AttemptEnv = no_attempt_env):
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_fleet_main, daemon=True, args=(child, env, {
-            "queue_url": results_queue_url, "bucket": bucket, "pool": pool, "model": model, "valkey_url": valkey_url,
-            "task_s": task_s, "batches": batches, "drop": set(drop), "expected": expected}))
+        self.proc = ctx.Process(target=_fleet_main, daemon=True, args=(child, env, kwargs, fleet))
         self.proc.start()
         self.codes: dict[str, int] = {}
-        self.pending: list[tuple[str, int, str, dict[str, str]]] = []
+        self.pending: list[tuple] = []
         self.attempt_env = attempt_env
         self.stats: dict = {}
         self.launched = 0
         self.meter = LaunchMeter()
         self._drained = 0.0
 
+    def item(self, ref: AttemptRef, job_uri: str) -> tuple:
+        """What the fleet gets for one launch."""
+        return ref.instance_id, ref.attempt, ref.run, self.attempt_env(ref)
+
     def launch(self, ref: AttemptRef, job_uri: str, image: str | None = None) -> TaskHandle:
         with self.meter.timed():
-            self.pending.append((ref.instance_id, ref.attempt, ref.run, self.attempt_env(ref)))
+            self.pending.append(self.item(ref, job_uri))
             self.launched += 1
             if len(self.pending) >= 64:
                 self.flush()
@@ -301,8 +300,13 @@ class SimLauncher(Launcher):
             kind, body = self.conn.recv()
             if kind == "exit":
                 self.codes.update((f"{i}/{a}", code) for i, a, code in body)
-            else:
+            elif kind == "stats":
                 self.stats = body
+            else:
+                self.on_message(kind, body)
+
+    def on_message(self, kind: str, body) -> None:
+        """A message of the fleet's own kind."""
 
     def poll(self, handle: TaskHandle) -> int | None:
         now = time.monotonic()
@@ -318,9 +322,22 @@ class SimLauncher(Launcher):
         return url
 
     def launch_report(self) -> str:
-        return f"sim launcher: {self.meter.report()}"
+        return f"{type(self).__name__}: {self.meter.report()}"
 
     def close(self) -> None:
         self.drain()
         self.conn.send(("quit",))
         self.proc.join(30)
+
+
+class SimLauncher(FleetLauncher):
+    """Simulated tasks of the dispatch benchmark (Fleet)."""
+
+    def __init__(self, results_queue_url: str, bucket: str, pool: str, model: str, valkey_url: str, env: dict,
+                 task_s: float, batches: int = 3, drop: set[str] = frozenset(), expected: int = 0,
+                 attempt_env: AttemptEnv = no_attempt_env):
+        """attempt_env(ref): what one attempt's task gets besides the run's environment (its attempt key), as a
+        real launcher's."""
+        super().__init__(Fleet, {
+            "queue_url": results_queue_url, "bucket": bucket, "pool": pool, "model": model, "valkey_url": valkey_url,
+            "task_s": task_s, "batches": batches, "drop": set(drop), "expected": expected}, env, attempt_env)

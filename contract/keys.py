@@ -51,6 +51,19 @@ def pool_state(pool: str) -> str:
     return f"ep:pool:{{{pool}}}:state"
 
 
+def pool_breaker(pool: str) -> str:
+    """A pool's outage breaker (hash: first, last, n = the failure streak; open = when it tripped; probe = no probe
+    before this), shared by the pool's shims and read by the driver (shim/breaker.py)."""
+    return f"ep:pool:{{{pool}}}:breaker"
+
+
+def run_hold(run: str) -> str:
+    """Set while a run's operators hold its model calls (`pause --hold-calls`; the value: when, epoch seconds): its
+    shims hold each new call until it is gone (shim/hold.py). Written with the runs row, by the control commands;
+    outside ep:run:{run}:*, so a run's own Valkey user may read it and not lift it."""
+    return f"ep:hold:{{{run}}}"
+
+
 THROTTLED_FIELD = "throttled_total"  # in pool_discovered: the shims' running count of provider 429s
 
 
@@ -81,3 +94,27 @@ def pool_live(pool: str) -> str:
     """A pool's recent pacing as the driver measured it from the ledger (hash: admitted_per_min, wait_share,
     calls, window_s, updated_at)."""
     return f"ep:pool:{{{pool}}}:live"
+
+
+# ---------------------------------------------------------------- the gateway tier's keys (gateway/)
+
+
+def gateway_key(key_hash: str) -> str:
+    """A live gateway key (hash: owner, aliases, budget_usd, expires_at), expiring with it; deleted on revocation."""
+    return f"ep:gw:key:{key_hash}"
+
+
+def gateway_spend(owner: str) -> str:
+    """What the gateway's meter has counted against a key's owner (integer micro-dollars)."""
+    return f"ep:gw:{{{owner}}}:spend"
+
+
+def gateway_rows(database: str) -> str:
+    """The gateway's meter rows (JSON list) on their way to one PostgreSQL database (a digest of its URL: tiers
+    writing to other databases share the Valkey, not their rows)."""
+    return f"ep:gw:rows:{{{database}}}"
+
+
+def gateway_drain_lock(database: str) -> str:
+    """Held by the one replica moving rows to that database at a time."""
+    return f"ep:gw:rows:{{{database}}}:drain"

@@ -49,6 +49,11 @@ class HarnessOutcome(StrEnum):
     CANCELLED = "cancelled"  # the run was cancelled (or the task stopped from outside) before it ended
 
 
+OOM_KILLED = "oom_killed"  # the infra failure class of a task the kernel killed for memory (its error's head)
+PROVIDER_OUTAGE = "provider_outage"  # ... of an attempt its pool's outage outlasted ([budget] outage_bound_s)
+SPOT_INTERRUPTED = "spot_interrupted"  # ... of a task its Spot capacity was taken back from (relaunched once)
+
+
 class AttemptStatus(StrEnum):
     """Lifecycle of an attempt row. Only PATCH_READY is not final."""
 
@@ -81,6 +86,7 @@ class ModelRef(Frozen):
     provider: Literal["openai", "anthropic"]
     model: str
     pool: str
+    alias: str | None = None  # the gateway's name for the pool, which calls are sent as (None: no gateway)
 
 
 class HarnessRef(Frozen):
@@ -91,7 +97,27 @@ class HarnessRef(Frozen):
 class AttemptLimits(Frozen):
     cost_usd: float | None = None
     max_turns: int | None = None
-    wall_time_s: float | None = None
+    wall_time_s: float | None = None  # the time the pool's outage breaker held its calls is not counted
+    outage_bound_s: float | None = None  # an outage of the pool longer than this ends the attempt (None: never)
+
+
+class TaskResources(Frozen):
+    """A task's container resources as the spec sets them ([backend] task_cpu, task_memory, task_memory_limit):
+    recorded with every attempt, since resources alone move scores."""
+
+    cpu: float  # vCPUs
+    memory_mib: int  # guaranteed
+    memory_limit_mib: int  # the kill threshold
+
+
+class ComputeUsage(BaseModel):
+    """What an attempt's task used, as its own container counted it (harness/usage.py): its cgroup locally, the ECS
+    task metadata endpoint on Fargate, or the runner's rusage where the task is a process on a shared host."""
+
+    source: Literal["cgroup", "ecs", "rusage"]
+    cpu_s: float | None = None
+    memory_peak_bytes: int | None = None
+    wall_s: float | None = None  # the task's life when it reported (its container's where known)
 
 
 class Job(Frozen):
@@ -110,6 +136,7 @@ class Job(Frozen):
     results_queue_url: str
     artifacts_prefix: str  # s3://bucket/runs/<run>/attempts/<iid>/<n>/
     valkey_url: str
+    resources: TaskResources | None = None  # the task's, as the spec set them (echoed in its result)
     created_at: datetime = Field(default_factory=utcnow)
 
 
@@ -169,9 +196,11 @@ class CallRecord(BaseModel):
     pacer_wait_ms: float = 0.0
     retries: int = 0
     http_status: int = 0
-    outcome: str = "ok"  # ok | error | bad_request | budget_exceeded | max_turns_exceeded | stream_error
+    outcome: str = "ok"  # ok | error | bad_request | budget_exceeded | max_turns_exceeded | stream_error | rate_limited | provider_outage
     usage_estimated: bool = False
     raw_usage: dict[str, Any] | None = None
+    gateway_call_id: str | None = None  # the gateway's id of the call's last attempt (its x-litellm-call-id)
+    held_ms: float = 0.0  # held by the pool's open outage breaker or the run's call hold (not in pacer_wait_ms)
 
     @property
     def usage(self) -> Usage:
@@ -190,6 +219,15 @@ class Totals(BaseModel):
     cache_write_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
+
+    def add(self, usage: Usage, cost_usd: float) -> None:
+        """One more call."""
+        self.calls += 1
+        self.input_tokens += usage.input_tokens
+        self.cached_tokens += usage.cached_tokens
+        self.cache_write_tokens += usage.cache_write_tokens
+        self.output_tokens += usage.output_tokens
+        self.cost_usd = round(self.cost_usd + cost_usd, 9)
 
     @classmethod
     def of(cls, rows: list[CallRecord]) -> Totals:
@@ -229,6 +267,8 @@ class AttemptResult(BaseModel):
     started_at: datetime
     ended_at: datetime
     error: str | None = None
+    resources: TaskResources | None = None
+    usage: ComputeUsage | None = None
     # The ledger rows not yet sent when the harness ended ride with the result: one message instead of two at
     # every task's end (the writer lands them in the same transaction as the attempt row).
     ledger: list[CallRecord] = Field(default_factory=list)
@@ -255,6 +295,7 @@ class Verdict(BaseModel):
     started_at: datetime
     ended_at: datetime
     tamper_flags: list[TamperFlag] = Field(default_factory=list)
+    grading_cpu_s: float | None = None  # CPU-seconds the grading took, where the grader could count them
 
 
 ResultMessage = Annotated[LedgerBatch | AttemptResult | Verdict, Field(discriminator="kind")]

@@ -47,6 +47,11 @@ def valkey_password(run_secret: bytes) -> str:
     return hmac.new(run_secret, b"valkey", hashlib.sha256).hexdigest()
 
 
+def gateway_key(run_secret: bytes) -> str:
+    """The run's gateway key (derived: a resumed dispatcher mints the same key again)."""
+    return "sk-run-" + hmac.new(run_secret, b"gateway", hashlib.sha256).hexdigest()
+
+
 def sign(key: bytes, body: str | bytes) -> str:
     data = body.encode() if isinstance(body, str) else body
     return _VERSION + hmac.new(key, data, hashlib.sha256).hexdigest()

@@ -2,8 +2,8 @@
 
 Locally, scripts/stack.sh runs the project's own server with no default user and an admin whose URL it writes
 (0600) to .state/valkey/admin.url; VALKEY_URL overrides it. Each run gets its own ACL user (`run_user`) that can
-touch only that run's keys and its pool's pacing keys (pacer, limits, discovered); tasks receive that user's
-name and password in their environment (USER_ENV, PASSWORD_ENV), never the admin's. On AWS the same two variables
+touch only that run's keys and its pool's pacing keys (pacer, limits, discovered, breaker), and read its call hold;
+tasks receive that user's name and password in their environment (USER_ENV, PASSWORD_ENV), never the admin's. On AWS the same two variables
 come from Secrets Manager through the harness task definition (an ElastiCache RBAC user).
 """
 
@@ -71,16 +71,17 @@ def _glob(text: str) -> str:
 
 def task_rules(run_glob: str, pool_glob: str) -> list[str]:
     """What a task's user may do (ACL rules): the keys of the runs matching run_glob, and the pacer state, discovered
-    headers and limits of the pools matching pool_glob (the limits are the PoolPacer's, but the shim's admission
-    script declares them, and a script's declared keys need write access); no other key (not the PoolPacer's own
-    state, not the dashboard's). Commands: data and scripts; no admin, no key enumeration, no flushing of scripts.
+    headers, outage breaker and limits of the pools matching pool_glob (the limits are the PoolPacer's, but the shim's admission
+    script declares them, and a script's declared keys need write access); the runs' call holds, to read only; no
+    other key (not the PoolPacer's own state, not the dashboard's). Commands: data and scripts; no admin, no key enumeration, no flushing of scripts.
     Locally the globs are one run's and one pool's names; the estate's harness user has "*" for both."""
     at = "\0"
     run_keys = keys.run_budget(at).removesuffix("budget").replace(at, run_glob) + "*"  # ep:run:{<run>}:*
     return [
         "resetchannels", f"~{run_keys}",
         f"~{keys.pool_pacer(at).replace(at, pool_glob)}", f"~{keys.pool_discovered(at).replace(at, pool_glob)}",
-        f"~{keys.pool_limits(at).replace(at, pool_glob)}",
+        f"~{keys.pool_limits(at).replace(at, pool_glob)}", f"~{keys.pool_breaker(at).replace(at, pool_glob)}",
+        f"%R~{keys.run_hold(at).replace(at, run_glob)}",  # the run's call hold: read, never lifted by a task
         "-@all", "+@read", "+@write", "+@keyspace", "+@hash", "+@string", "+@transaction", "+@scripting",
         "+@connection", "+time",
         "-@admin", "-@dangerous", "-scan", "-script|flush", "-script|kill", "-function", "-select", "-swapdb",

@@ -3,13 +3,22 @@
 A task image is the instance's own image (the official `swebench/sweb.eval.*` image or its mirror, by digest; for
 tests and the demo, the SWE-bench-shaped stand-ins eval_worker.images builds) with three layers on top:
 
-  1. the task runtime under contract.task_shape.RUNTIME_PREFIX: its own CPython built on bullseye, the task runner
-     and the shim (images/task/Dockerfile.runtime: the runtime base, built once per inputs and shared by every
-     harness). Nothing goes into the instance's environment, and the instance's Python version does not matter;
+  1. the runtime's packages under contract.task_shape.RUNTIME_PREFIX: its own CPython built on bullseye and the
+     packages of the task runner and the shim (images/task/Dockerfile.runtime, built once per Python and pins and
+     shared by every harness). Nothing goes into the instance's environment, and its Python version does not matter;
   2. the harness under RUNTIME_PREFIX/harness/<name>, from the harness layer image (images/task/harness/<name>/
-     Dockerfile, FROM the runtime base; harness/adapters/base.py describes the layout);
-  3. /testbed pruned at the base commit (harness/prune_history.sh): no later commit, branch, tag, remote or reflog.
+     Dockerfile, FROM the runtime's packages; harness/adapters/base.py describes the layout);
+  3. the project's own code (the task runner, the shim, the adapters) under RUNTIME_PREFIX/app
+     (images/task/Dockerfile.app: the runtime base, the packages with the code). A change to the code rebuilds only
+     this thin layer, never the two below it;
+  4. /testbed pruned at the base commit (harness/prune_history.sh): no later commit, branch, tag, remote or reflog.
      Empty when the instance image is already pruned, as the official ones are.
+
+Layers 1-3 are byte-identical in every task image that uses them (the same digests), so a registry stores them once
+and each further task image adds only its layer 4. They are copied from layer images (FROM scratch, holding only
+the runtime's, the harness's or the code's folder, built once per inputs): copying a whole root onto the instance
+sets every folder's metadata, /opt's included, from that one image, where copying a folder into the instance would
+leave /opt with the time of each build. Task images of a spec are built `parallel` at a time ([images] build_parallel).
 
 Each image is keyed by its inputs (the instance image's digest, the runtime's sources and requirements, the harness
 layer's inputs, the recipe): an image whose inputs did not change is reused, never rebuilt. Built images are pushed to the
@@ -27,9 +36,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import docker
@@ -47,6 +59,7 @@ RUNTIME_PYTHON = "3.11.2"  # Debian bookworm's python3.11 source package, which 
 RUNTIME_REPOSITORY = "evalplane/task-runtime"
 HARNESS_REPOSITORY = "evalplane/task-harness"
 TASK_REPOSITORY = "evalplane/task"
+LAYER_REPOSITORY = "evalplane/task-layer"
 WHEEL_PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "linux_x86_64", "any")
 
 
@@ -56,7 +69,8 @@ class ImageProblem(Exception):
 
 @dataclass(frozen=True)
 class Runtime:
-    """A harness layer image (the runtime base plus one harness): what a task image copies its runtime from."""
+    """A harness layer image (the runtime's packages plus one harness) and the runtime base (the packages plus the
+    project's code): what a task image copies its runtime from."""
 
     tag: str
     image_id: str
@@ -67,8 +81,16 @@ class Runtime:
     base_built: bool = False
     base_build_s: float = 0.0
     base_bytes: int = 0
-    layer_bytes: int = 0  # what the harness layer adds to the base
+    layer_bytes: int = 0  # what the harness layer adds to the runtime's packages
     harness: str = ""
+    runtime_layer: str = ""  # the layer images task images copy from, in order (tags; see layer_image)
+    harness_layer: str = ""
+    app_layer: str = ""
+    shared_bytes: int = 0  # the three layers every task image of this runtime shares
+
+    @property
+    def layers(self) -> tuple[str, str, str]:
+        return self.runtime_layer, self.harness_layer, self.app_layer
 
 
 @dataclass(frozen=True)
@@ -84,6 +106,7 @@ class TaskImage:
     size_bytes: int
     layer_bytes: int
     build_s: float
+    own_bytes: int | None = None  # what no other task image of its harness shares (None: recorded before it was kept)
     built: bool = False  # built now (False: reused)
 
 
@@ -95,33 +118,72 @@ def _sha(*parts: bytes | str) -> str:
     return h.hexdigest()
 
 
-def _runtime_files() -> list[Path]:
-    files = [TASK_DIR / "Dockerfile.runtime", TASK_DIR / "collect_libs.sh", TASK_DIR / "requirements.txt"]
+PACKAGES_RECIPE = "Dockerfile.runtime"
+PACKAGES_FILES = (PACKAGES_RECIPE, "collect_libs.sh", "requirements.txt")
+
+
+def _app_files() -> list[Path]:
+    """The project's code the runtime carries (images/task/Dockerfile.app puts it under RUNTIME_PREFIX/app)."""
+    files = [TASK_DIR / "Dockerfile.app"]
     for pkg in RUNTIME_PACKAGES:
         files += sorted(p for p in (ROOT / pkg).rglob("*") if p.is_file() and "__pycache__" not in p.parts
                         and p.suffix in (".py", ".sh", ".sql", ".json", ".yaml"))
     return files
 
 
+def _name(requirement: str) -> str:
+    m = re.match(r"\s*([A-Za-z0-9_.-]+)", requirement)
+    return re.sub(r"[-_.]+", "-", m.group(1)).lower() if m else ""
+
+
 def _constraints() -> str:
-    """requirements.lock's pins (the runtime installs the same versions the project is tested with)."""
-    lines = (ROOT / "requirements.lock").read_text().splitlines()
-    return "".join(ln + "\n" for ln in lines if re.match(r"^[A-Za-z0-9_.-]+(\[[^]]*\])?==", ln))
+    """The pins of requirements.lock the runtime's requirements reach (the runtime installs the same versions the
+    project is tested with): from its `# via` notes, a pin is kept if a kept package or the runtime itself needs it,
+    so that a pin of the project's own tooling (a test plugin) does not change the runtime's inputs."""
+    pins: dict[str, str] = {}
+    needed_by: dict[str, set[str]] = {}
+    current = ""
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        if re.match(r"^[A-Za-z0-9_.-]+(\[[^]]*\])?==", line):
+            current = _name(line)
+            pins[current], needed_by[current] = line, set()
+        elif current and (m := re.match(r"^\s+#\s+(?:via\s+)?(?!via\s*$)([A-Za-z0-9_.-]+)\s*$", line)):
+            needed_by[current].add(_name(m.group(1)))
+    reqs = (TASK_DIR / "requirements.txt").read_text().splitlines()
+    kept = {_name(r) for r in reqs if r.strip() and not r.lstrip().startswith("#")}
+    while grown := {p for p, by in needed_by.items() if p not in kept and by & kept}:
+        kept |= grown
+    return "".join(pins[p] + "\n" for p in sorted(pins) if p in kept)
 
 
-def base_inputs() -> str:
-    """Everything the runtime base image is made of, hashed: no Docker needed to know whether it changed."""
-    parts: list[bytes | str] = [RUNTIME_PYTHON, _constraints()]
-    for f in _runtime_files():
+def _files_sha(*head: str, files: list[Path]) -> str:
+    parts: list[bytes | str] = list(head)
+    for f in files:
         parts += [str(f.relative_to(ROOT)), f.read_bytes()]
     return _sha(*parts)
 
 
-def runtime_inputs(harness: str) -> str:
-    """The runtime base's inputs with the harness layer's: what a task image's runtime part is made of."""
+def packages_inputs() -> str:
+    """Everything the runtime's packages image is made of (its Python, the pins, the recipe), hashed: no Docker needed
+    to know whether it changed."""
+    return _files_sha(RUNTIME_PYTHON, _constraints(), files=[TASK_DIR / n for n in PACKAGES_FILES])
+
+
+def base_inputs() -> str:
+    """The runtime base's: the packages' inputs and the project's code."""
+    return _files_sha(packages_inputs(), files=_app_files())
+
+
+def harness_inputs(harness: str) -> str:
+    """A harness layer's: the packages it is built on (never the project's code) and the adapter's layer inputs."""
     from harness.adapters import load_adapter
 
-    return _sha(base_inputs(), harness, load_adapter(harness).layer_inputs())
+    return _sha(packages_inputs(), harness, load_adapter(harness).layer_inputs())
+
+
+def runtime_inputs(harness: str) -> str:
+    """The runtime base's inputs with the harness layer's: what a task image's runtime part is made of."""
+    return _sha(base_inputs(), harness_inputs(harness))
 
 
 def _wheels(dest: Path) -> None:
@@ -179,43 +241,67 @@ def _tag_part(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:80]
 
 
-def build_base(client: docker.DockerClient, force: bool = False) -> tuple[str, str, bool, float]:
-    """The runtime base image (built once per inputs; the CPython stage is cached by Docker).
+def _runtime_image(client: docker.DockerClient, kind: str, inputs: str, dockerfile: str,
+                   fill: Callable[[Path], None], buildargs: dict, force: bool) -> tuple[str, str, bool, float]:
+    """One image of the runtime (`kind`), built once per inputs from `dockerfile` in a context `fill` completes.
     Returns (tag, image id, built now, build seconds)."""
-    inputs = base_inputs()
-    tag = f"{RUNTIME_REPOSITORY}:base-{inputs[:16]}"
+    tag = f"{RUNTIME_REPOSITORY}:{kind}-{inputs[:16]}"
     if not force and (found := _image_id(client, tag)):
         return tag, found, False, 0.0
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ep-runtime-") as tmp:
         ctx = Path(tmp)
-        for name in ("Dockerfile.runtime", "collect_libs.sh", "requirements.txt"):
-            shutil.copy(TASK_DIR / name, ctx / name)
+        shutil.copy(TASK_DIR / dockerfile, ctx / dockerfile)
+        fill(ctx)
+        image = _build(client, ctx, tag, dockerfile, buildargs | {"PREFIX": task_shape.RUNTIME_PREFIX},
+                       {f"{task_shape.LABEL_PREFIX}.runtime_inputs": inputs,
+                        f"{task_shape.LABEL_PREFIX}.runtime": kind, CHECKOUT_LABEL: CHECKOUT})
+    _remove_superseded(client, {f"{task_shape.LABEL_PREFIX}.runtime": kind}, image.id)
+    build_s = time.monotonic() - t0
+    log.info("built the runtime's %s %s in %.0f s (%.0f MB)", kind, tag, build_s, image.attrs["Size"] / 1e6)
+    return tag, image.id, True, build_s
+
+
+def build_packages(client: docker.DockerClient, force: bool = False) -> tuple[str, str, bool, float]:
+    """The runtime's packages image (the CPython stage is cached by Docker)."""
+    def fill(ctx: Path) -> None:
+        for name in PACKAGES_FILES:
+            if name != PACKAGES_RECIPE:  # _runtime_image copies the recipe
+                shutil.copy(TASK_DIR / name, ctx / name)
         (ctx / "constraints.txt").write_text(_constraints())
         _wheels(ctx / "wheels")
-        for f in _runtime_files():
+
+    return _runtime_image(client, "packages", packages_inputs(), PACKAGES_RECIPE, fill, {}, force)
+
+
+def build_base(client: docker.DockerClient, force: bool = False) -> tuple[str, str, bool, float]:
+    """The runtime base image: the runtime's packages with the project's code (build seconds: the packages'
+    included where they were built now)."""
+    packages_tag, _, _, packages_s = build_packages(client)
+
+    def fill(ctx: Path) -> None:
+        for f in _app_files():
             rel = f.relative_to(ROOT)
             if rel.parts[0] in RUNTIME_PACKAGES:
                 (ctx / "src" / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(f, ctx / "src" / rel)
-        image = _build(client, ctx, tag, "Dockerfile.runtime", {"PREFIX": task_shape.RUNTIME_PREFIX},
-                       {f"{task_shape.LABEL_PREFIX}.runtime_inputs": inputs,
-                        f"{task_shape.LABEL_PREFIX}.runtime": "base", CHECKOUT_LABEL: CHECKOUT})
-    _remove_superseded(client, {f"{task_shape.LABEL_PREFIX}.runtime": "base"}, image.id)
-    build_s = time.monotonic() - t0
-    log.info("built the runtime base %s in %.0f s (%.0f MB)", tag, build_s, image.attrs["Size"] / 1e6)
-    return tag, image.id, True, build_s
+
+    tag, image_id, built, build_s = _runtime_image(client, "base", base_inputs(), "Dockerfile.app", fill,
+                                                   {"PACKAGES_IMAGE": packages_tag}, force)
+    return tag, image_id, built, build_s + packages_s
 
 
 def build_runtime(client: docker.DockerClient, harness: str, force: bool = False) -> Runtime:
-    """The runtime base with `harness`'s layer on it (each built once per inputs). `force` rebuilds the layer and,
-    if its inputs changed, the base (Docker's cache keeps the CPython stage)."""
+    """The runtime's packages with `harness`'s layer on them, the runtime base (the packages with the project's code)
+    and the layer images task images copy (each built once per inputs). `force` rebuilds the harness layer and the
+    layer images and, if their inputs changed, the packages and the base (Docker's cache keeps the CPython stage)."""
     from harness.adapters import load_adapter
 
     adapter = load_adapter(harness)
     base_tag, base_id, base_built, base_s = build_base(client, force=False)
-    inputs = runtime_inputs(harness)
-    tag = f"{HARNESS_REPOSITORY}:{_tag_part(harness)}-{inputs[:16]}"
+    packages_tag = build_packages(client)[0]  # build_base made it: this only finds it
+    layer_inputs = harness_inputs(harness)
+    tag = f"{HARNESS_REPOSITORY}:{_tag_part(harness)}-{layer_inputs[:16]}"
     base_bytes = client.images.get(base_id).attrs["Size"]
     found = None if force else _image_id(client, tag)
     built, t0 = found is None, time.monotonic()
@@ -226,35 +312,68 @@ def build_runtime(client: docker.DockerClient, harness: str, force: bool = False
             adapter.prepare_layer(ctx)
             label = {f"{task_shape.LABEL_PREFIX}.harness_layer": _tag_part(harness)}
             image = _build(client, ctx, tag, "Dockerfile",
-                           {"RUNTIME_IMAGE": base_tag, "PREFIX": task_shape.RUNTIME_PREFIX},
-                           label | {f"{task_shape.LABEL_PREFIX}.runtime_inputs": inputs, CHECKOUT_LABEL: CHECKOUT})
+                           {"RUNTIME_IMAGE": packages_tag, "PREFIX": task_shape.RUNTIME_PREFIX},
+                           label | {f"{task_shape.LABEL_PREFIX}.runtime_inputs": layer_inputs,
+                                    CHECKOUT_LABEL: CHECKOUT})
         _remove_superseded(client, label, image.id)
         found = image.id
-    layer_bytes = client.images.get(found).attrs["Size"] - base_bytes
-    runtime = Runtime(tag, found, inputs, built=built, build_s=round(time.monotonic() - t0, 1) if built else 0.0,
+    layer_bytes = client.images.get(found).attrs["Size"] - client.images.get(packages_tag).attrs["Size"]
+    runtime_layer = layer_image(client, packages_tag, task_shape.RUNTIME_PREFIX, "runtime", packages_inputs(), force)
+    harness_layer = layer_image(client, tag, str(adapter.install_dir()), _tag_part(harness), layer_inputs, force)
+    app_layer = layer_image(client, base_tag, f"{task_shape.RUNTIME_PREFIX}/app", "app", base_inputs(), force)
+    shared = sum(client.images.get(t).attrs["Size"] for t in (runtime_layer, harness_layer, app_layer))
+    runtime = Runtime(tag, found, runtime_inputs(harness), built=built,
+                      build_s=round(time.monotonic() - t0, 1) if built else 0.0,
                       base_tag=base_tag, base_built=base_built, base_build_s=round(base_s, 1), base_bytes=base_bytes,
-                      layer_bytes=layer_bytes, harness=harness)
-    log.info("harness layer %s %s: %s, %.0f MB on the runtime base %s (%.0f MB)", harness, adapter.version,
-             f"built in {runtime.build_s:.1f} s" if built else "reused", layer_bytes / 1e6, base_tag, base_bytes / 1e6)
+                      layer_bytes=layer_bytes, harness=harness, runtime_layer=runtime_layer,
+                      harness_layer=harness_layer, app_layer=app_layer, shared_bytes=shared)
+    log.info("harness layer %s %s: %s, %.0f MB on the runtime's packages %s; runtime base %s (%.0f MB)", harness,
+             adapter.version, f"built in {runtime.build_s:.1f} s" if built else "reused", layer_bytes / 1e6,
+             packages_tag, base_tag, base_bytes / 1e6)
     return runtime
 
 
+LAYER_DOCKERFILE = """ARG SOURCE
+FROM ${SOURCE} AS source
+FROM scratch
+ARG DIR
+COPY --from=source ${DIR} ${DIR}
+"""
+
+
+def layer_image(client: docker.DockerClient, source: str, folder: str, kind: str, inputs: str,
+                force: bool = False) -> str:
+    """An image FROM scratch holding only `folder` of `source` (built once per inputs): what every task image copies
+    that folder from, so the layer it makes is the same bytes on every instance. Returns its tag."""
+    tag = f"{LAYER_REPOSITORY}:{kind}-{inputs[:16]}"
+    if not force and _image_id(client, tag):
+        return tag
+    label = {f"{task_shape.LABEL_PREFIX}.task_layer": kind}
+    with tempfile.TemporaryDirectory(prefix="ep-layer-") as tmp:
+        (Path(tmp) / "Dockerfile").write_text(LAYER_DOCKERFILE)
+        image = _build(client, Path(tmp), tag, "Dockerfile", {"SOURCE": source, "DIR": folder},
+                       label | {f"{task_shape.LABEL_PREFIX}.runtime_inputs": inputs, CHECKOUT_LABEL: CHECKOUT})
+    _remove_superseded(client, label, image.id)
+    return tag
+
+
 def task_dockerfile() -> str:
-    """The task image's recipe: FROM the instance image, the runtime base copied in (one layer, the same for every
-    harness on this instance), then the harness's folder from its layer image, /testbed pruned."""
+    """The task image's recipe: FROM the instance image, the layer images of the runtime's packages, the harness and
+    the project's code copied in whole (each one layer, the same bytes on every instance), /testbed pruned."""
     p = task_shape.RUNTIME_PREFIX
     return "\n".join([
-        "ARG RUNTIME_IMAGE",
-        "ARG HARNESS_IMAGE",
+        "ARG RUNTIME_LAYER",
+        "ARG HARNESS_LAYER",
+        "ARG APP_LAYER",
         "ARG INSTANCE_IMAGE",
-        "ARG HARNESS_DIR",
-        "FROM ${RUNTIME_IMAGE} AS runtime",
-        "FROM ${HARNESS_IMAGE} AS harness",
+        "FROM ${RUNTIME_LAYER} AS runtime",
+        "FROM ${HARNESS_LAYER} AS harness",
+        "FROM ${APP_LAYER} AS app",
         "FROM ${INSTANCE_IMAGE}",
         "ARG BASE_COMMIT",
-        "ARG HARNESS_DIR",
-        f"COPY --from=runtime {p} {p}",
-        "COPY --from=harness ${HARNESS_DIR} ${HARNESS_DIR}",
+        "COPY --from=runtime / /",
+        "COPY --from=harness / /",
+        "COPY --from=app / /",
         f'RUN test -n "$BASE_COMMIT" && {p}/bin/prune-history {task_shape.TESTBED} "$BASE_COMMIT"',
         f"ENTRYPOINT {json.dumps(task_shape.ENTRYPOINT)}",
         "CMD []",
@@ -275,7 +394,7 @@ def task_tag(instance_id: str, harness: str, inputs: str, repository: str = TASK
 # ------------------------------------------------------------------------------ records
 
 _COLS = ("instance_id", "harness", "inputs", "registry", "ref", "image_id", "instance_image", "runtime_image",
-         "size_bytes", "layer_bytes", "build_s")
+         "size_bytes", "layer_bytes", "build_s", "own_bytes")
 
 
 def record(conn: psycopg.Connection, t: TaskImage) -> None:
@@ -303,6 +422,36 @@ def latest(conn: psycopg.Connection, instance_ids: list[str], harness: str, regi
         (instance_ids, harness, registry)).fetchall()
     conn.commit()
     return {r[0]: TaskImage(**dict(zip(_COLS, r))) for r in rows}
+
+
+@dataclass(frozen=True)
+class BuildForecast:
+    """What building a spec's task images takes, from the task images of its harness recorded so far."""
+
+    images: int
+    parallel: int
+    basis: str
+    build_s: float | None = None  # None: nothing recorded to predict from
+    registry_bytes: int | None = None
+    shared_bytes: int = 0
+    own_bytes: int = 0
+
+
+def forecast_build(conn: psycopg.Connection, harness: str, n_images: int, parallel: int) -> BuildForecast:
+    """Waves of `parallel` builds at the median recorded build time; the shared layers once plus each image's own
+    bytes (uncompressed: a registry keeps layers gzipped, so it stores at most this)."""
+    row = conn.execute(
+        "SELECT count(*), percentile_cont(0.5) WITHIN GROUP (ORDER BY build_s),"
+        " percentile_cont(0.5) WITHIN GROUP (ORDER BY own_bytes),"
+        " percentile_cont(0.5) WITHIN GROUP (ORDER BY layer_bytes - own_bytes)"
+        " FROM task_images WHERE harness = %s AND own_bytes IS NOT NULL", (harness,)).fetchone()
+    conn.commit()
+    if not row[0]:
+        return BuildForecast(n_images, parallel, f"no task image of {harness} recorded yet")
+    own, shared = int(row[2]), int(row[3])
+    return BuildForecast(n_images, parallel, f"{row[0]} recorded task image(s) of {harness}",
+                         build_s=-(-n_images // parallel) * float(row[1]), registry_bytes=shared + n_images * own,
+                         shared_bytes=shared, own_bytes=own)
 
 
 # ------------------------------------------------------------------------------ building
@@ -333,11 +482,14 @@ def _from_ref(client: docker.DockerClient, ref: str) -> str:
 
 def build_task_image(client: docker.DockerClient, conn: psycopg.Connection, row: dict, harness: str,
                      runtime: Runtime, instance_image: str, registry: str = "", force: bool = False,
-                     repository: str = TASK_REPOSITORY) -> TaskImage:
-    """The task image of one instance: reused when its inputs are recorded and the image is still there."""
+                     repository: str = TASK_REPOSITORY, db_lock: threading.Lock | None = None) -> TaskImage:
+    """The task image of one instance: reused when its inputs are recorded and the image is still there. `db_lock`
+    serialises the use of `conn` where several of these run at once."""
+    db = db_lock or nullcontext()
     iid = row["instance_id"]
     inputs = task_inputs(runtime, instance_image, row)
-    rec = recorded(conn, iid, harness, inputs, registry)
+    with db:
+        rec = recorded(conn, iid, harness, inputs, registry)
     if rec is not None and not force and _present(client, rec):
         return rec
     tag = task_tag(iid, harness, inputs, repository)
@@ -348,18 +500,16 @@ def build_task_image(client: docker.DockerClient, conn: psycopg.Connection, row:
     else:
         with tempfile.TemporaryDirectory(prefix="ep-task-") as tmp:
             (Path(tmp) / "Dockerfile").write_text(task_dockerfile())
-            from harness.adapters import load_adapter
-
             image = _build(client, Path(tmp), tag, "Dockerfile", {
-                "RUNTIME_IMAGE": runtime.base_tag, "HARNESS_IMAGE": runtime.tag,
-                "HARNESS_DIR": str(load_adapter(harness).install_dir()),
+                "RUNTIME_LAYER": runtime.runtime_layer, "HARNESS_LAYER": runtime.harness_layer,
+                "APP_LAYER": runtime.app_layer,
                 "INSTANCE_IMAGE": _from_ref(client, instance_image), "BASE_COMMIT": row["base_commit"]}, {
                 f"{task_shape.LABEL_PREFIX}.instance_id": iid, f"{task_shape.LABEL_PREFIX}.harness": harness,
                 f"{task_shape.LABEL_PREFIX}.task_inputs": inputs, CHECKOUT_LABEL: CHECKOUT})
         _remove_superseded(client, {f"{task_shape.LABEL_PREFIX}.instance_id": iid,
                                     f"{task_shape.LABEL_PREFIX}.harness": harness}, image.id)
     build_s = time.monotonic() - t0
-    base_size = client.images.get(instance_image).attrs["Size"]
+    layer_bytes = image.attrs["Size"] - client.images.get(instance_image).attrs["Size"]
     ref = image.id
     if registry:
         from eval_worker.mirror import MirrorError, push_image
@@ -369,8 +519,10 @@ def build_task_image(client: docker.DockerClient, conn: psycopg.Connection, row:
         except MirrorError as e:
             raise ImageProblem(str(e)) from e
     t = TaskImage(iid, harness, inputs, registry, ref, image.id, instance_image, runtime.image_id,
-                  image.attrs["Size"], image.attrs["Size"] - base_size, round(build_s, 3), built=not existing)
-    record(conn, t)
+                  image.attrs["Size"], layer_bytes, round(build_s, 3),
+                  own_bytes=max(layer_bytes - runtime.shared_bytes, 0), built=not existing)
+    with db:
+        record(conn, t)
     log.info("%s %s (%s) in %.1f s", "recorded" if existing else "built", tag, ref, build_s)
     return t
 
@@ -399,30 +551,59 @@ def resolve_instance_image(client: docker.DockerClient, row: dict, *, database_u
                            "official image (python -m eval_worker mirror) or name [images] instance_registry") from None
 
 
+@dataclass
+class Build:
+    """What building a spec's task images did: the images and problems by instance id, and how long the task
+    images took (the runtime and harness layer images before them not counted) at how many at once."""
+
+    images: dict[str, TaskImage] = field(default_factory=dict)
+    problems: dict[str, str] = field(default_factory=dict)
+    runtime: Runtime | None = None
+    parallel: int = 1
+    seconds: float = 0.0
+
+    @property
+    def built(self) -> list[TaskImage]:
+        return [t for t in self.images.values() if t.built]
+
+    def images_per_minute(self) -> float | None:
+        return len(self.built) * 60 / self.seconds if self.built and self.seconds > 0 else None
+
+
 def ensure_task_images(rows: list[dict], harness: str, conn: psycopg.Connection, *, registry: str = "",
                        repository: str = TASK_REPOSITORY, instance_registry: str | None = None,
                        repos_dir: str | None = None,
                        database_url: str | None = None, force: bool = False,
-                       client: docker.DockerClient | None = None,
-                       on_image: Callable[[TaskImage], None] | None = None
-                       ) -> tuple[dict[str, TaskImage], dict[str, str]]:
-    """Every row's task image, built where missing. Returns (images, problems), both by instance id."""
-    client = client or docker.from_env(timeout=600)
+                       client: docker.DockerClient | None = None, parallel: int = 1,
+                       on_image: Callable[[TaskImage], None] | None = None) -> Build:
+    """Every row's task image, built where missing, `parallel` at a time (the runtime and harness layers first, once).
+    `on_image` is called from this thread as each is ready."""
+    if parallel < 1:
+        raise ValueError(f"parallel must be at least 1, not {parallel}")
+    client = client or docker.from_env(timeout=600, max_pool_size=parallel + 2)
     runtime = build_runtime(client, harness, force=force)
-    images: dict[str, TaskImage] = {}
-    problems: dict[str, str] = {}
-    for row in rows:
-        iid = row["instance_id"]
-        try:
-            base = resolve_instance_image(client, row, database_url=database_url,
-                                          instance_registry=instance_registry, repos_dir=repos_dir)
-            images[iid] = build_task_image(client, conn, row, harness, runtime, base, registry, force, repository)
-        except ImageProblem as e:
-            problems[iid] = str(e)
-            continue
-        if on_image:
-            on_image(images[iid])
-    return images, problems
+    out = Build(runtime=runtime, parallel=parallel)
+    db_lock = threading.Lock()
+
+    def one(row: dict) -> TaskImage:
+        base = resolve_instance_image(client, row, database_url=database_url, instance_registry=instance_registry,
+                                      repos_dir=repos_dir)
+        return build_task_image(client, conn, row, harness, runtime, base, registry, force, repository, db_lock)
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="task-image") as pool:
+        futures = {pool.submit(one, row): row["instance_id"] for row in rows}
+        for done in as_completed(futures):
+            iid = futures[done]
+            try:
+                out.images[iid] = done.result()
+            except ImageProblem as e:
+                out.problems[iid] = str(e)
+                continue
+            if on_image:
+                on_image(out.images[iid])
+    out.seconds = time.monotonic() - t0
+    return out
 
 
 # ------------------------------------------------------------------------------ a spec's images
@@ -444,18 +625,27 @@ def target(spec) -> Target:
     return backends.for_spec(spec).image_target()
 
 
+def build_for_plan(plan, conn: psycopg.Connection, *, force: bool = False, parallel: int | None = None,
+                   on_image: Callable[[TaskImage], None] | None = None) -> Build:
+    """Build (or reuse) the plan's task images, `parallel` at a time (default: the spec's [images] build_parallel)."""
+    from contract import db
+
+    spec, t = plan.spec, target(plan.spec)
+    return ensure_task_images(list(plan.rows.values()), spec.harness.name, conn, registry=t.registry,
+                              repository=t.repository, instance_registry=t.instance_registry,
+                              repos_dir=spec.instances.repos, database_url=db.database_url(), force=force,
+                              parallel=parallel or spec.images.build_parallel, on_image=on_image)
+
+
 def for_plan(plan, conn: psycopg.Connection, *, build: bool, force: bool = False,
              on_image: Callable[[TaskImage], None] | None = None) -> tuple[dict[str, TaskImage], dict[str, str]]:
     """The plan's task images, by instance id, and what is missing for the others. build=False only looks them up
     (AWS runs: the build tier built them; `validate`): an image counts where its current inputs are recorded."""
-    from contract import db
-
     spec, rows = plan.spec, list(plan.rows.values())
     t = target(spec)
     if build:
-        return ensure_task_images(rows, spec.harness.name, conn, registry=t.registry, repository=t.repository,
-                                  instance_registry=t.instance_registry, repos_dir=spec.instances.repos,
-                                  database_url=db.database_url(), force=force, on_image=on_image)
+        done = build_for_plan(plan, conn, force=force, on_image=on_image)
+        return done.images, done.problems
     from eval_worker import records
 
     runtime = Runtime(tag="", image_id="", inputs=runtime_inputs(spec.harness.name), built=False)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -146,7 +147,28 @@ class BudgetSpec(Strict):
     run_usd: float = Field(gt=0, description="Cap on the whole run's spend")
     attempt_usd: float | None = Field(None, gt=0)
     max_turns: int | None = Field(None, ge=1)
-    wall_time_s: float = Field(1800, gt=0, description="Wall-time limit of one attempt's harness phase")
+    wall_time_s: float = Field(1800, gt=0, description=(
+        "Wall-time limit of one attempt's harness phase (the time a provider outage held its calls not counted)"))
+    outage_bound_s: float = Field(600, gt=0, description=(
+        "A provider outage (the pool's breaker open) longer than this ends the attempts it holds as infra_error "
+        "(provider_outage); a shorter one only holds their calls"))
+
+
+_MIB = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+_MIB_PER = {"k": 1 / 1024, "": 1, "m": 1, "g": 1024, "t": 1024 * 1024}
+
+
+def mebibytes(v: Any) -> Any:
+    """A memory size as the spec may write it: MiB as a number, or "512m", "4g", "4GiB"."""
+    if isinstance(v, str):
+        m = _MIB.match(v)
+        if m is None:
+            raise ValueError(f"{v!r} is not a memory size: MiB as a number, or a size like \"512m\" or \"4g\"")
+        return int(float(m.group(1)) * _MIB_PER[m.group(2).lower()])
+    return v
+
+
+MiB = Annotated[int, BeforeValidator(mebibytes), Field(ge=64, le=120 * 1024)]
 
 
 class BackendSpec(Strict):
@@ -179,6 +201,18 @@ class BackendSpec(Strict):
         "backend aws: task launches a second RunTask is paced to (default: Fargate's documented rate per account"
         " and region)"))
     launch_burst: int = Field(100, ge=1, le=10000, description="backend aws: launches allowed at once above the rate")
+    task_cpu: float = Field(1.0, gt=0, le=16, description=(
+        "vCPUs each task is given (docker: nano_cpus; ecs: the task's cpu). Recorded with every attempt"))
+    task_memory: MiB = Field(4096, description=(
+        "memory each task is guaranteed, in MiB or as \"4g\" (docker: mem_reservation; ecs: memoryReservation)."
+        " Recorded with every attempt"))
+    task_memory_limit: MiB | None = Field(None, description=(
+        "memory at which a task is killed (docker: mem_limit; ecs: the container's memory and the task's size);"
+        " a task killed there lands infra_error (oom_killed), never the model's failure. Default: task_memory"))
+    spot: float = Field(0.0, ge=0, le=1, description=(
+        "backend aws: the share of harness tasks run on Fargate Spot (RunTask's capacity provider strategy, FARGATE_SPOT"
+        " weighted against FARGATE); a task Spot takes back lands infra_error (spot_interrupted) and is relaunched"
+        " once as a new attempt while the run's budget remains"))
 
     @field_validator("kind")
     @classmethod
@@ -225,8 +259,22 @@ class BackendSpec(Strict):
             raise ValueError(f"stack outputs file not found: {p} (write it with `pulumi stack output --json`)")
         return str(p.resolve())
 
+    @property
+    def resources(self):
+        """The task's resources as every attempt records them."""
+        from contract.models import TaskResources
+
+        return TaskResources(cpu=self.task_cpu, memory_mib=self.task_memory,
+                             memory_limit_mib=self.task_memory_limit or self.task_memory)
+
     @model_validator(mode="after")
     def _backend_needs(self) -> BackendSpec:
+        if self.task_memory_limit is not None and self.task_memory_limit < self.task_memory:
+            raise PydanticCustomError("spec_field", (
+                "task_memory_limit ({limit} MiB) is below task_memory ({memory} MiB): the limit is where a task is "
+                "killed, the guarantee cannot be above it"), {"limit": self.task_memory_limit,
+                                                               "memory": self.task_memory,
+                                                               "field": "backend.task_memory_limit"})
         if problem := self.backend_class.spec_problem(self):  # e.g. aws: its stack outputs
             raise ValueError(problem)
         return self
@@ -243,6 +291,8 @@ class ImagesSpec(Strict):
     instance_registry: str | None = Field(None, description=(
         "HOST[:PORT] of the private registry the official instance images are mirrored to "
         "(python -m eval_worker mirror); unset: images present in the local engine"))
+    build_parallel: int = Field(4, ge=1, le=64, description=(
+        "how many task images `python -m dispatcher images` builds at once (`--parallel` overrides it)"))
 
 
 class EvalSpec(Strict):
@@ -280,6 +330,10 @@ class SimulatorSpec(Strict):
     error_statuses: list[Literal[429, 500, 503, 529]] | None = Field(
         None, min_length=1, description="the statuses injected errors answer with (default: 429, 529, 503)")
     seed: int | None = Field(None, description="seed for the injected errors' dice: the same faults in the same order")
+    outage_at_s: float | None = Field(None, ge=0, description="a provider outage from this many seconds after start")
+    outage_s: float = Field(0.0, ge=0, description="... lasting this long")
+    outage_after_calls: int | None = Field(None, ge=0, description="... or from the request after this many")
+    outage_status: Literal[0, 500, 503, 529] = Field(503, description="... answering this (0: connections dropped)")
 
     @field_validator("policy")
     @classmethod
@@ -292,6 +346,26 @@ class SimulatorSpec(Strict):
         return str(p.resolve())
 
 
+class GatewaySpec(Strict):
+    """The gateway tier between the tasks' shims and the provider (gateway/; docs/gateway.md): present = on. Tasks
+    then hold the run's gateway key, never the provider key."""
+
+    replicas: int = Field(2, ge=1, le=8, description="LiteLLM replicas behind the balancer (backend local)")
+    key_ttl_s: float = Field(7 * 24 * 3600, gt=0, description=(
+        "the run's gateway key expires this long after it is minted (a resumed run mints it again)"))
+    provider_keys: str | None = Field(None, description=(
+        "a registered ProviderKeys (dispatcher.provider_keys.PROVIDER_KEYS: simulator) or a dotted path to one: the"
+        " run gets a provider key of its own whose spend limit is budget.run_usd, enforced by the provider. Default:"
+        " simulator when the run's provider is its own simulator, else none (the gateway key's budget is the cap)"))
+
+    @field_validator("provider_keys")
+    @classmethod
+    def _known_provider_keys(cls, v: str | None) -> str | None:
+        from dispatcher.provider_keys import PROVIDER_KEYS
+
+        return registered(PROVIDER_KEYS, v)
+
+
 class Spec(Strict):
     run: RunSpec
     harness: HarnessSpec
@@ -302,6 +376,7 @@ class Spec(Strict):
     images: ImagesSpec = Field(default_factory=ImagesSpec)
     eval: EvalSpec = Field(default_factory=EvalSpec)
     simulator: SimulatorSpec | None = None
+    gateway: GatewaySpec | None = None
     _source: dict = PrivateAttr(default_factory=dict)  # the spec as written (before paths were resolved)
 
     @model_validator(mode="after")
@@ -332,6 +407,22 @@ class Spec(Strict):
     @property
     def pool(self) -> str:
         return self.model.pool or f"{self.model.model}@{self.harness.name}"
+
+    @property
+    def provider_keys(self) -> str | None:
+        """The ProviderKeys whose key per run holds the run's cap (None: no gateway tier, or a provider without
+        one: the gateway key's budget holds it)."""
+        if self.gateway is None:
+            return None
+        return self.gateway.provider_keys or (None if self.model.base_url else "simulator")
+
+    def cap_holder(self) -> str:
+        """What enforces budget.run_usd besides the shims' reservation, in words (forecast prints it)."""
+        if self.gateway is None:
+            return "the shims' reservation alone (no [gateway])"
+        if self.provider_keys:
+            return f"the spend limit of the run's own provider key ({self.provider_keys}), behind the shims' reservation"
+        return "the gateway key's budget (no ProviderKeys for this provider), behind the shims' reservation"
 
 
 # ---------------------------------------------------------------- errors

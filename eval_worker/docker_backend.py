@@ -28,6 +28,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -70,14 +71,51 @@ GRADING_NETWORK = "evalplane-grading"
 DROPPED_CAPS = {"SYS_ADMIN"}
 
 
-class SealedContainers:
-    """client.containers, whose create() seals every container (SealedDocker)."""
+class ContainerCpu:
+    """CPU-seconds of each container a grading creates, from Docker's stats stream while it lives: run_instance
+    removes the container before it returns, and its cgroup's counters go with it."""
 
-    def __init__(self, containers, seal):
-        self._containers, self._seal = containers, seal
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._watches: dict[str, list[tuple[threading.Thread, dict]]] = {}
+
+    def watch(self, container) -> None:
+        last: dict = {}
+
+        def follow() -> None:
+            try:  # the stream samples about once a second and ends when the container is removed
+                for sample in container.stats(stream=True, decode=True):
+                    ns = (sample.get("cpu_stats") or {}).get("cpu_usage", {}).get("total_usage") or 0
+                    if ns:
+                        last["ns"] = ns
+            except (docker.errors.DockerException, OSError, ValueError):
+                pass
+
+        thread = threading.Thread(target=follow, name=f"cpu-{container.name}", daemon=True)
+        thread.start()
+        with self._lock:
+            self._watches.setdefault(container.name, []).append((thread, last))
+
+    def take(self, name: str, wait_s: float = 10.0) -> float | None:
+        """The CPU-seconds of every container named `name` since the last take (None: none was seen running)."""
+        with self._lock:
+            watches = self._watches.pop(name, [])
+        for thread, _ in watches:
+            thread.join(wait_s)
+        seen = [last["ns"] for _, last in watches if "ns" in last]
+        return round(sum(seen) / 1e9, 6) if seen else None
+
+
+class SealedContainers:
+    """client.containers, whose create() seals every container (SealedDocker) and meters its CPU."""
+
+    def __init__(self, containers, seal, cpu: ContainerCpu):
+        self._containers, self._seal, self._cpu = containers, seal, cpu
 
     def create(self, image, command=None, **kwargs):
-        return self._containers.create(image, command, **self._seal(kwargs))
+        container = self._containers.create(image, command, **self._seal(kwargs))
+        self._cpu.watch(container)
+        return container
 
     def __getattr__(self, name):
         return getattr(self._containers, name)
@@ -89,7 +127,8 @@ class SealedDocker:
 
     def __init__(self, client: docker.DockerClient, network: str, environment: dict[str, str]):
         self._client, self.network, self.environment = client, network, environment
-        self.containers = SealedContainers(client.containers, self.seal)
+        self.cpu = ContainerCpu()
+        self.containers = SealedContainers(client.containers, self.seal, self.cpu)
 
     def seal(self, kwargs: dict) -> dict:
         kw = {k: v for k, v in kwargs.items() if k not in ("network_mode", "network", "networking_config")}
@@ -249,8 +288,9 @@ class DockerGrader(Grader):
         pred = {"instance_id": iid, "model_name_or_path": job.model_name, "model_patch": patch}
 
         def verdict(outcome: EvalOutcome, entry: dict, reason: str | None) -> Verdict:
+            cpu = self._sealed.cpu.take(container_name(iid, run_id)) if self._sealed else None
             return Verdict(ref=job.ref, outcome=outcome, resolved=outcome is EvalOutcome.RESOLVED,
-                           report=entry, reason=reason, started_at=started, ended_at=utcnow())
+                           report=entry, reason=reason, started_at=started, ended_at=utcnow(), grading_cpu_s=cpu)
 
         def infra(kind: str, why: str) -> Verdict:
             log_dir.mkdir(parents=True, exist_ok=True)

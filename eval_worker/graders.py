@@ -64,6 +64,9 @@ class Grader(ABC):
     needs_bundle: ClassVar[str | None] = None
     # its gradings install packages from the project's package index (eval_worker.package_index), their only network
     uses_package_index: ClassVar[bool] = False
+    # its gradings run as the worker's child processes, so their CPU time is the worker's rusage of its children
+    # (a grading in a container of the engine's is not: its CPU goes unrecorded)
+    children_cpu: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kw) -> None:
         super().__init_subclass__(**kw)

@@ -120,6 +120,7 @@ class ProcessGrader(Grader):
     """
 
     name = "process"
+    children_cpu = True
     needs_bundle = "the process grading backend grades in a clone of its git bundle"
 
     def __init__(self, root: str | Path | None = None, keep: bool = False, clone_timeout: float = 300.0,

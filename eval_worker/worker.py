@@ -16,6 +16,7 @@ deleted without a verdict. A patch that cannot be fetched gives an INFRA_ERROR v
 from __future__ import annotations
 
 import logging
+import resource
 import shutil
 import threading
 import time
@@ -40,6 +41,12 @@ NOTHING_GRADED = {"patch_is_None": False, "patch_exists": True, "patch_successfu
 
 
 eval_prefix = aws.eval_logs_prefix
+
+
+def cpu_seconds() -> float:
+    """CPU time of this thread and of the child processes reaped so far (a grading's, for ProcessGrader)."""
+    own, kids = resource.getrusage(resource.RUSAGE_THREAD), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 class _VisibilityKeeper:
@@ -173,7 +180,10 @@ class EvalWorker:
             return Verdict(ref=job.ref, outcome=EvalOutcome.UNRESOLVED, resolved=False, report=NOTHING_GRADED,
                            reason=f"nothing graded: the patch changes only {', '.join(left_out)}", started_at=started,
                            ended_at=utcnow(), tamper_flags=flags)
+        cpu = cpu_seconds()
         verdict = grade(job, graded, self.logs_root, self.grader)
+        if self.grader.children_cpu:
+            verdict = verdict.model_copy(update={"grading_cpu_s": round(cpu_seconds() - cpu, 6)})
         if left_out:
             verdict = verdict.model_copy(update={"reason": "; ".join(
                 filter(None, [verdict.reason, f"graded without {', '.join(left_out)}"]))})

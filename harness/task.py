@@ -24,6 +24,8 @@ from pathlib import Path
 
 from contract import aws, keys, signing, task_shape, valkey_auth
 from contract.models import (
+    OOM_KILLED,
+    PROVIDER_OUTAGE,
     AttemptResult,
     CallRecord,
     Envelope,
@@ -33,7 +35,7 @@ from contract.models import (
     Totals,
     utcnow,
 )
-from harness import sandbox
+from harness import sandbox, usage
 from harness.adapters import HarnessAdapter, load_adapter
 from plumbing import services
 from shim.child import shim_service
@@ -131,6 +133,7 @@ class Shim:
         self.ledger = workdir / "ledger.jsonl"
         cfg = ShimConfig(
             upstream_url=job.upstream_url, provider=job.model.provider, model=job.model.model, pool=job.model.pool,
+            upstream_model=job.model.alias,
             ref=job.ref, local_token=self.token, ledger_path=self.ledger, valkey_url=job.valkey_url,
             results_queue_url=job.results_queue_url, limits=job.limits, run_cost_usd=job.run_cost_usd,
             port_file=workdir / "shim.port", status_path=self.status_file,
@@ -275,12 +278,14 @@ def run_harness(job: Job, adapter: HarnessAdapter, testbed: Path, workdir: Path,
         proc = subprocess.Popen(argv, env=hr.env, cwd=cwd, stdout=out,
                                 stderr=subprocess.STDOUT if out is logf else logf,
                                 stdin=stdin, start_new_session=True)
-        stopped, timed_out = None, False
+        stopped, timed_out, held = None, False, 0.0
         try:
             while proc.poll() is None:
                 time.sleep(0.5)
-                stopped = shim.status().get("stopped")
-                timed_out = time.monotonic() > deadline
+                status = shim.status()
+                stopped = status.get("stopped")
+                held = max(held, status.get("held_s") or 0.0)  # an outage's hold is not the attempt's time
+                timed_out = time.monotonic() > deadline + held
                 if stopped or timed_out:
                     break
         finally:  # on a cap, the wall-time limit, or our own SIGTERM: the harness's whole group goes
@@ -294,6 +299,8 @@ def run_harness(job: Job, adapter: HarnessAdapter, testbed: Path, workdir: Path,
         log.exception("reading the harness's trajectory failed")
     if stopped == "rate_limited":  # the provider kept refusing past every retry: never the model's failure
         return HarnessOutcome.INFRA_ERROR, "rate_limited: the upstream refused calls past the shim's retries"
+    if stopped == PROVIDER_OUTAGE:  # the pool's outage lasted longer than the run's bound: never the model's failure
+        return HarnessOutcome.INFRA_ERROR, f"{PROVIDER_OUTAGE}: the provider's outage outlasted [budget] outage_bound_s"
     if stopped:
         return HarnessOutcome(stopped), None
     if timed_out:
@@ -309,7 +316,20 @@ def _on_sigterm(signum, frame):
     raise Stopped()
 
 
+def oom_verdict(meter: usage.Meter, job: Job, outcome: HarnessOutcome,
+                error: str | None) -> tuple[HarnessOutcome, str | None]:
+    """An attempt in which the kernel killed a process of the task for memory (the agent, or a command it ran) was
+    cut short by the resources it was given, not by the model: infra_error, class oom_killed, never graded. A
+    cancelled one stays cancelled."""
+    if outcome is HarnessOutcome.CANCELLED or not meter.oom_killed():
+        return outcome, error
+    limit = f" of {job.resources.memory_limit_mib} MiB" if job.resources else ""
+    why = f"{OOM_KILLED}: the kernel killed a process of the task at its memory limit{limit} (harness {outcome.value})"
+    return HarnessOutcome.INFRA_ERROR, "; ".join(filter(None, [why, error]))
+
+
 def main(argv: list[str]) -> int:
+    meter = usage.Meter()  # first: the task's compute is counted from here
     signal.signal(signal.SIGTERM, _on_sigterm)
     sandbox.harden_runner()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s task %(levelname)s %(message)s")
@@ -374,11 +394,12 @@ def main(argv: list[str]) -> int:
         outcome, patch = HarnessOutcome.INFRA_ERROR, ""
     if problems:
         error = "; ".join(([error] if error else []) + problems)
+    outcome, error = oom_verdict(meter, job, outcome, error)
     result = AttemptResult(
         ref=ref, harness=job.harness.name, pool=job.model.pool, model=job.model.model, outcome=outcome,
         patch_uri=patch_uri, patch_bytes=len(patch.encode()), trajectory_uri=traj_uri,
         ledger_calls=int(shim_status.get("ledger_rows", 0)), totals=Totals.model_validate(shim_status.get("totals", {})),
-        started_at=started, ended_at=utcnow(), error=error,
+        started_at=started, ended_at=utcnow(), error=error, resources=job.resources, usage=meter.usage(),
     )
     send_result(job.results_queue_url, result, unsent_rows(workdir / "ledger.jsonl", shim_status),
                 aws.result_copy_uri(job.artifacts_prefix), sign)

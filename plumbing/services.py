@@ -35,6 +35,13 @@ class ServiceFailed(RuntimeError):
     """The service exited or was not ready in time (it has been stopped); the message ends with its log's tail."""
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (the caller binds it soon after: another process may take it in between)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def tcp_answers(host: str, port: int, timeout_s: float = 0.5) -> bool:
     """Something accepts TCP connections on host:port."""
     try:

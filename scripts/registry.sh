@@ -4,6 +4,7 @@
 # (spec: [images] registry = "127.0.0.1:PORT"; a loopback registry needs no TLS).
 #   scripts/registry.sh up [PORT]     start it where nothing answers on PORT (default 5000); prints 127.0.0.1:PORT
 #   scripts/registry.sh down [PORT]   stop the one this script started on PORT
+#   scripts/registry.sh du [PORT]     the bytes its storage holds (what pushes added, from the registry's own files)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STATE="${EVALPLANE_STATE_DIR:-$PWD/.state}"
@@ -35,5 +36,9 @@ case "${1:-up}" in
     [ -f "$dir/pid" ] && kill "$(cat "$dir/pid")" 2>/dev/null || true
     rm -f "$dir/pid"
     ;;
-  *) echo "usage: scripts/registry.sh up|down [PORT]" >&2; exit 2 ;;
+  du)
+    [ -d "$dir/data" ] || { echo "registry: no storage at $dir/data" >&2; exit 1; }
+    find "$dir/data" -type f -printf '%s\n' | awk '{n += $1} END {print n + 0}'
+    ;;
+  *) echo "usage: scripts/registry.sh up|down|du [PORT]" >&2; exit 2 ;;
 esac

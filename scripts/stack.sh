@@ -3,7 +3,8 @@
 # and started under .state/; and the project's own Valkey-compatible server (unless VALKEY_URL names one): its own
 # port, its files under .state/valkey, no default user, an admin user whose password is generated into a 0600 file
 # (.state/valkey/admin.url, the default VALKEY_URL). The machine's own Redis, if any, is never touched.
-# S3 and SQS come from moto's server mode, which the dispatcher starts on loopback when it needs it.
+# S3 and SQS come from moto's server mode, which the dispatcher starts on loopback when it needs it; so is the gateway
+# tier (gateway/tier.py: LiteLLM replicas behind haproxy, which `up` installs here).
 #   scripts/stack.sh up      start what is missing, print the environment to use
 #   scripts/stack.sh down    stop what this script started
 set -euo pipefail
@@ -86,6 +87,7 @@ case "${1:-up}" in
     pg_up || { echo "stack: PostgreSQL still does not answer at $DATABASE_URL" >&2; exit 1; }
     valkey_up || { echo "stack: starting the project's Valkey under $VALKEY_DIR" >&2; start_valkey; }
     valkey_up || { echo "stack: Valkey does not answer (see $VALKEY_DIR/server.log)" >&2; exit 1; }
+    command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || apt_install haproxy  # the gateway tier's balancer
     echo "DATABASE_URL=$DATABASE_URL"
     echo "VALKEY_URL=$VALKEY_URL"
     ;;
@@ -97,7 +99,7 @@ case "${1:-up}" in
     fi
     [ -f "$VALKEY_DIR/server.pid" ] && kill "$(cat "$VALKEY_DIR/server.pid")" 2>/dev/null || true
     rm -f "$ADMIN_URL_FILE"
-    .venv/bin/python -c 'from dispatcher.backends import daemons; daemons.stop("moto"); daemons.stop("package-index")' || true
+    .venv/bin/python -c 'from dispatcher.backends import daemons; daemons.stop("moto"); daemons.stop("package-index"); daemons.stop_gateway()' || true
     ;;
   *) echo "usage: scripts/stack.sh up|down" >&2; exit 2 ;;
 esac

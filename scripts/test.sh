@@ -2,18 +2,23 @@
 # One command for the test suite: install, start the local stack, run pytest. .ci/run calls this.
 #   scripts/test.sh [pytest args]         every tier (tests/tiers.py): PostgreSQL, Valkey and Docker are started first
 #   scripts/test.sh --fast [pytest args]  the unit tier only, with no service started, in a network namespace of its
-#                                         own: nothing of the host answers there, which proves the tier needs none
+#                                         own: nothing of the host answers there, which proves the tier needs none;
+#                                         one pytest worker per core (pytest-xdist), as nothing in it is shared
+#   scripts/test.sh --side-by-side [pytest args]
+#                                         every tier but unit (CI): the services tier in a session of its own beside
+#                                         the docker and e2e tiers (one waits on round trips to PostgreSQL and Valkey,
+#                                         the other on containers), then the tests marked `alone`, with nothing beside
 # Other arguments go to pytest (e.g. scripts/test.sh -q -m services).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-fast=0
-if [ "${1:-}" = --fast ]; then
-  fast=1
-  shift
-fi
+mode=all
+case "${1:-}" in
+  --fast) mode=fast; shift ;;
+  --side-by-side) mode=side; shift ;;
+esac
 scripts/bootstrap.sh
 
-if [ "$fast" = 1 ]; then
+if [ "$mode" = fast ]; then
   # Bytecode caches, kept under .state/ rather than beside the sources: without them (PYTHONDONTWRITEBYTECODE) each
   # run compiles some 6,000 modules again, a third of the tier's time.
   export PYTHONPYCACHEPREFIX="$PWD/.state/pycache"
@@ -28,15 +33,40 @@ if [ "$fast" = 1 ]; then
       exit 1
     fi
     echo "$msg; running the unit tier without isolation" >&2
-    exec .venv/bin/python -m pytest -m unit --durations=10 "$@"
+    exec .venv/bin/python -m pytest -m unit -n auto --durations=10 "$@"
   fi
   # Docker's socket is a file, which a network namespace does not hide: point its clients at none.
   exec "${ns[@]}" -- sh -c 'ip link set lo up && exec "$@"' sh \
-    env DOCKER_HOST=unix:///nonexistent/docker.sock .venv/bin/python -m pytest -m unit --durations=10 "$@"
+    env DOCKER_HOST=unix:///nonexistent/docker.sock .venv/bin/python -m pytest -m unit -n auto --durations=10 "$@"
 fi
 
 eval "$(scripts/stack.sh up | sed 's/^/export /')"
 # Docker-backed tests (grading in official images, the docker launcher) need an engine and the base
 # image. Where none can be started they fail under CI=true, and are skipped with a reason otherwise.
-scripts/docker.sh up || echo "test: no Docker engine could be started; Docker tests will fail under CI=true" >&2
-exec .venv/bin/python -m pytest --durations=15 "$@"
+docker=1
+scripts/docker.sh up || { docker=0; echo "test: no Docker engine could be started; Docker tests will fail under CI=true" >&2; }
+# The images the Docker tiers share, built before their tests (seconds where they exist; most of the tiers' time on a
+# new machine, which no single test's timeout should carry). A failure here shows again in the tests that need them.
+prebuild() {
+  [ "$docker" = 1 ] || return 0
+  local t0=$SECONDS
+  .venv/bin/python -m tests.prebuild || echo "test: building the shared images failed (above)" >&2
+  echo "test: shared images ready in $((SECONDS - t0)) s" >&2
+}
+if [ "$mode" = all ]; then
+  prebuild
+  exec .venv/bin/python -m pytest --durations=15 "$@"
+fi
+# Each session has its own database (tests/conftest.py); the services session's output is printed when it ends.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+.venv/bin/python -m pytest --durations=15 -m "services and not alone" "$@" >"$log" 2>&1 &
+services=$!
+rc=0
+prebuild
+.venv/bin/python -m pytest --durations=15 -m "(docker or e2e) and not alone" "$@" || rc=1
+wait "$services" || rc=1
+echo "::: the services tier, beside the docker and e2e tiers" >&2
+cat "$log"
+.venv/bin/python -m pytest --durations=5 -m "alone and not unit" "$@" || rc=1
+exit "$rc"

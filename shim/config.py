@@ -35,7 +35,8 @@ class ShimConfig(BaseModel):
     port_file: Path | None = None  # the bound port is written here once the shim is ready
     upstream_url: str  # base URL; /v1/chat/completions, /v1/responses and /v1/messages are appended
     provider: Literal["openai", "anthropic"]
-    model: str  # pinned: requests are forwarded with this model, and priced with it
+    model: str  # pinned: requests are forwarded with this model (or upstream_model), and priced with it
+    upstream_model: str | None = None  # the name requests go upstream as: the gateway's alias for the pool
     pool: str
     ref: AttemptRef
     local_token: str = Field(min_length=1)  # the only credential the harness holds
@@ -55,6 +56,14 @@ class ShimConfig(BaseModel):
     # pool pacing (GCRA in Valkey against contract.keys.pool_limits; only with valkey_url)
     pacer_burst_s: Float = Field(60.0, gt=0)  # seconds of a limit usable at once (providers' buckets: 60)
     pacer_max_wait_s: Float = Field(60.0, gt=0)  # book at most this far ahead; beyond, sleep then book
+    # the pool's outage breaker (shim/breaker.py; only with valkey_url): a streak of breaker_failures upstream
+    # failures (unreachable, 5xx, overloaded) over breaker_window_s with no success trips it; new calls are then
+    # held, one goes as a probe every breaker_probe_s, and limits.outage_bound_s ends the attempt
+    breaker_failures: Int = Field(5, ge=1)  # (the breaker is on only with limits.outage_bound_s)
+    breaker_window_s: Float = Field(10.0, ge=0)
+    breaker_probe_s: Float = Field(5.0, gt=0)
+    breaker_poll_s: Float = Field(1.0, ge=0)  # how stale a held call's view of the breaker may be
+    hold_poll_s: Float = Field(1.0, ge=0)  # how stale a call's view of the run's call hold (shim/hold.py) may be
     connect_timeout_s: Float = 10.0
     sock_read_timeout_s: Float = 120.0  # an upstream silent this long has failed
     heartbeat_s: Float = Field(30.0, gt=0)  # progress-key refresh while idle

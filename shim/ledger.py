@@ -113,13 +113,7 @@ class Ledger:
         while n < len(data):  # a short write (a full disk, a signal): the rest, or OSError
             n += os.write(self._fd, data[n:])
         self.rows += 1
-        t = self.totals
-        t.calls += 1
-        t.input_tokens += row.input_tokens
-        t.cached_tokens += row.cached_tokens
-        t.cache_write_tokens += row.cache_write_tokens
-        t.output_tokens += row.output_tokens
-        t.cost_usd = round(t.cost_usd + row.cost_usd, 9)
+        self.totals.add(row.usage, row.cost_usd)
         if self.queue_url:
             self.pending.append(text)
             self.pending_seqs.append(self.seq)

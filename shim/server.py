@@ -24,9 +24,12 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 from contract import pricing
+from contract.models import PROVIDER_OUTAGE
 from shim.admission import Gate
+from shim.breaker import Breaker
 from shim.caps import ATTEMPT_CAP, LocalBudget, ValkeyBudget, micro
 from shim.config import ShimConfig
+from shim.hold import RunHold
 from shim.ledger import Ledger
 from shim.pacer import NoopPacer, PaceRequest, PastDeadline, ValkeyPacer, throttled_dimension
 from shim.progress import SessionProgress
@@ -53,6 +56,7 @@ log = logging.getLogger("shim")
 UPSTREAM_PATHS = {kind: path for path, kind in ROUTES.items()}
 DEFAULT_MAX_OUTPUT = 16384
 CLIENT_GONE = "client disconnected"
+GATEWAY_CALL_ID = "x-litellm-call-id"  # the gateway tier names each call it served (gateway/meter.py rows)
 _HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                   "trailers", "transfer-encoding", "upgrade", "content-length", "host", "date", "server"})
 _DROP_UP = _HOP | {"authorization", "x-api-key", "accept-encoding", "cookie", "content-encoding", "content-type",
@@ -86,12 +90,15 @@ class Call:
     cost: float = 0.0
     retries: int = 0
     pacer_wait_ms: float = 0.0
+    held_ms: float = 0.0  # held by the pool's open outage breaker or the run's call hold
+    answered: bool = False  # the provider answered (the pool is up, as its breaker should learn)
     payload_bytes: int = 0
     max_out: int = 0
     hold_id: str | None = None  # the budget hold, settled once the call is over
     pace: PaceRequest | None = None  # the last attempt's pool booking, settled likewise ...
     used: Usage | None = None  # ... with what that attempt used
     out: web.StreamResponse | None = None  # a stream's answer, once its head went to the harness
+    gateway_call_id: str | None = None  # the gateway's id for the last attempt that it answered
     meter: StreamMeter | None = None  # the stream attempt being relayed
 
 
@@ -111,7 +118,11 @@ class Shim:
         self.stopped: str | None = None
         self.cache_share = 0.0  # cache-read share of the last metered prompt (Anthropic's ITPM estimate)
         self.last_call_at: float | None = None
-        self.deadline: float | None = None  # the attempt's wall time, on time.monotonic()
+        self.deadline: float | None = None  # the attempt's wall time, on time.monotonic() (moved on by holds)
+        self.breaker: Breaker | None = None
+        self.run_hold: RunHold | None = None
+        self.held_s = 0.0  # the time calls were held (breaker or run hold): not the attempt's wall time
+        self._holding: dict[uuid.UUID, float] = {}  # calls held now -> since (their time is in status' held_s)
         self.port: int | None = None
         self.ready = False
         self._published_at = 0.0
@@ -143,6 +154,11 @@ class Shim:
                                      max_retry_after_s=cfg.max_retry_after_s)
         else:
             budget, self.pacer = LocalBudget(cfg.limits.cost_usd, cfg.run_cost_usd, cfg.hold_ttl_s), NoopPacer()
+        if self.redis is not None and cfg.limits.outage_bound_s is not None:  # no bound: retries, then rate_limited
+            self.breaker = Breaker(self.redis, cfg.pool, cfg.breaker_failures, cfg.breaker_window_s,
+                                   cfg.breaker_probe_s, cfg.breaker_poll_s)
+        if self.redis is not None:
+            self.run_hold = RunHold(self.redis, cfg.ref.run, cfg.hold_poll_s)
         self.progress = SessionProgress(self.redis, cfg.ref, cfg.pool)
         self.gate = Gate(budget, self.pacer, self.progress, self.redis)
         self.session = aiohttp.ClientSession(
@@ -204,9 +220,14 @@ class Shim:
         """in_flight 0 means every call that reached the harness has its ledger row and its settles."""
         return {"calls": self.calls, "ledger_rows": self.ledger.rows, "ledger_sent": self.ledger.sent,
                 "stopped": self.stopped, "totals": self.ledger.totals.model_dump(), "turns": self.turns,
-                "retries": self.retries, "in_flight": self.in_flight,
+                "retries": self.retries, "in_flight": self.in_flight, "held_s": round(self._held_s(), 3),
                 # rows the results queue did not accept (yet): at exit, the task sends them with its result
                 "unsent_seqs": list(self.ledger.pending_seqs)}
+
+    def _held_s(self) -> float:
+        """The time calls were held, those held now included (the task's wall-time guard reads it while they are)."""
+        now = time.monotonic()
+        return self.held_s + sum(now - t0 for t0 in self._holding.values())
 
     def _progress_fields(self) -> dict[str, Any]:
         t = self.ledger.totals
@@ -308,8 +329,9 @@ class Shim:
         call.stream = body.get("stream") is True
         if not isinstance(body.get("model"), str) or not body["model"]:
             return self._error(call, 400, "invalid_request_error", "missing required field: model", "bad_request")
-        modified = body["model"] != self.cfg.model
-        body["model"] = self.cfg.model  # pinned to one model (and priced as it)
+        forwarded = self.cfg.upstream_model or self.cfg.model
+        modified = body["model"] != forwarded
+        body["model"] = forwarded  # pinned to one model (and priced as cfg.model)
         if call.kind == CHAT and call.stream:
             so = body.get("stream_options")
             if not (isinstance(so, dict) and so.get("include_usage")):
@@ -318,7 +340,8 @@ class Shim:
         payload = dumps(body) if modified else raw
         call.payload_bytes = len(payload)
 
-        # ---- caps, then the pool
+        # ---- the run's hold (`pause --hold-calls`), caps, then the pool: a held call is admitted once it goes on
+        await self._hold(call, new=True)
         if self.stopped:
             return self._refuse(call, self.stopped)
         if self.cfg.limits.max_turns is not None and self.turns >= self.cfg.limits.max_turns:
@@ -354,6 +377,10 @@ class Shim:
         if self.stopped is None:
             self.stopped = reason
             log.warning("stopping: %s", reason)
+        if reason == PROVIDER_OUTAGE:
+            return self._error(call, 400, "invalid_request_error",
+                               "provider_outage: the provider's outage outlasted the run's bound; this attempt has ended",
+                               reason, code=reason)
         if reason == "rate_limited":
             return self._error(call, 400, "invalid_request_error",
                                "rate_limited: the upstream stayed rate-limited or unavailable; this attempt has ended",
@@ -362,21 +389,74 @@ class Shim:
                             else "the cost cap does not allow this call")
         return self._error(call, 403, reason, f"{reason}: {detail}", reason)
 
-    async def _rate_limited(self, call: Call, last: Failure | None, why: str) -> web.StreamResponse:
-        """The upstream stays unavailable (retries exhausted, or waiting would pass the attempt's wall time): a
-        non-retryable answer that ends the session (the task lands the attempt as an infrastructure failure)."""
+    async def _rate_limited(self, call: Call, last: Failure | None, why: str,
+                            reason: str = "rate_limited") -> web.StreamResponse:
+        """The upstream stays unavailable (retries exhausted, waiting would pass the attempt's wall time, or the
+        pool's outage outlasted its bound: reason provider_outage): a non-retryable answer that ends the session
+        (the task lands the attempt as an infrastructure failure)."""
         if last is not None:
             err = _error_of(last.body)
             detail = (err.get("message") or err.get("type")) if err else None
             why += f" (last: {last.status}{f' {detail}' if detail else ''})"
             call.http_status = last.status
-        self.stopped = self.stopped or "rate_limited"
-        log.warning("stopping: rate_limited: %s", why)
-        message = f"rate_limited: {why}; this attempt has ended"
-        call.outcome = "rate_limited"
+        self.stopped = self.stopped or reason
+        log.warning("stopping: %s: %s", reason, why)
+        message = f"{reason}: {why}; this attempt has ended"
+        call.outcome = reason
         if call.out is not None:
-            return await self._end(call, {"type": "invalid_request_error", "code": "rate_limited", "message": message})
-        return self._error(call, 400, "invalid_request_error", message, "rate_limited", code="rate_limited")
+            return await self._end(call, {"type": "invalid_request_error", "code": reason, "message": message})
+        return self._error(call, 400, "invalid_request_error", message, reason, code=reason)
+
+    async def _hold(self, call: Call, new: bool = False) -> bool | None:
+        """Hold the call while its gate is shut: for a new call (`new`: before its budget hold and pacing), the
+        run's call hold (`pause --hold-calls`, shim/hold.py), until it is lifted; for a call about to go upstream,
+        the pool's outage breaker, until it closes or the call is the pool's probe. The time held is the call's
+        held_ms and moves the attempt's wall-time deadline on. True if it was held, False if not, None once the
+        outage has lasted longer than limits.outage_bound_s (the attempt ends; a run hold has no bound)."""
+        gate, bound = (self.run_hold, None) if new else (self.breaker, self.cfg.limits.outage_bound_s)
+        what = "run's call hold" if new else "outage breaker"
+        if gate is None:
+            return False
+        try:
+            open_s = await gate.open_for_s()
+        except Exception as e:  # noqa: BLE001 - a gate that cannot be read holds nothing
+            log.warning("%s unreadable: %s", what, type(e).__name__)
+            return False
+        if open_s is None:
+            return False
+        t0 = self._holding[call.call_id] = time.monotonic()
+        try:
+            while open_s is not None:
+                if bound is not None and open_s > bound:
+                    return None
+                if await gate.probe():
+                    break
+                await asyncio.sleep(max(gate.poll_s, 0.05))
+                open_s = await gate.open_for_s(fresh=True)
+        except Exception as e:  # noqa: BLE001 - a gate that cannot be read holds nothing
+            log.warning("%s unreadable: %s", what, type(e).__name__)
+        finally:
+            del self._holding[call.call_id]
+            held = time.monotonic() - t0
+            call.held_ms += held * 1000
+            self.held_s += held
+            if self.deadline is not None:
+                self.deadline += held
+        return True
+
+    async def _breaker_failed(self) -> None:
+        try:
+            if await self.breaker.failed() is not None:
+                log.warning("pool %s: the provider is out (outage breaker open)", self.cfg.pool)
+        except Exception as e:  # noqa: BLE001 - the retries go on without it
+            log.warning("outage breaker update failed: %s", type(e).__name__)
+
+    async def _breaker_ok(self) -> None:
+        try:
+            if await self.breaker.ok():
+                log.warning("pool %s: the provider answers again (outage breaker closed)", self.cfg.pool)
+        except Exception as e:  # noqa: BLE001 - the next success tells it
+            log.warning("outage breaker update failed: %s", type(e).__name__)
 
     def _estimate(self, nbytes: int, max_out: int) -> tuple[int, PaceRequest]:
         """A call's worst-case cost (micro-dollars) for its budget hold, and what it books with the pool: the
@@ -420,13 +500,28 @@ class Shim:
         url = self.upstream + UPSTREAM_PATHS[call.kind]
         headers = self._upstream_headers(request.headers, call.kind)
         last: Failure | None = None
-        for attempt in range(1, self.cfg.max_attempts + 1):
+        attempt = 0
+        while True:
+            if last is not None and last.status != 429 and self.breaker is not None:  # a 429 is the pacer's
+                await self._breaker_failed()
+            held = await self._hold(call)
+            if held is None:
+                call.pace = call.pace or pace
+                return await self._rate_limited(call, last, "the pool's outage outlasted the run's bound",
+                                                reason=PROVIDER_OUTAGE)
+            attempt = 1 if held else attempt + 1  # a hold starts the call's retries again
+            if attempt > self.cfg.max_attempts:
+                if last.status == 429 or self.breaker is None or not self.breaker.may_trip():
+                    break
+                attempt = self.cfg.max_attempts  # an outage the breaker may yet see: retry at the backoff's cap
             if last is not None:
-                delay = self.backoff.delay(attempt - 1, last.headers)
-                if self.deadline is not None and time.monotonic() + delay > self.deadline:
-                    return await self._rate_limited(call, last, "the next retry would pass the attempt's wall time")
+                if not held:
+                    delay = self.backoff.delay(attempt - 1, last.headers)
+                    if self.deadline is not None and time.monotonic() + delay > self.deadline:
+                        return await self._rate_limited(call, last,
+                                                        "the next retry would pass the attempt's wall time")
+                    await asyncio.sleep(delay)
                 call.retries += 1
-                await asyncio.sleep(delay)
                 try:
                     call.pacer_wait_ms += await self.pacer.admit(pace, self.deadline)
                 except PastDeadline:
@@ -437,6 +532,7 @@ class Shim:
                 last = Failure(502, {}, self._err_json(call, f"upstream unreachable: {type(e).__name__}"))
                 await self._pace_settle(pace, None)
                 continue
+            call.gateway_call_id = resp.headers.get(GATEWAY_CALL_ID) or call.gateway_call_id
             try:
                 if resp.status != 200:
                     try:
@@ -457,6 +553,7 @@ class Shim:
                 if call.stream and resp.content_type == "text/event-stream":
                     failed = await self._relay(request, call, resp, pace)
                     if failed is None:
+                        call.answered = True
                         return call.out
                     last = failed
                     log.info("stream failed before content (attempt %d), retrying", attempt)
@@ -480,6 +577,7 @@ class Shim:
                     except ConnectionError:
                         pass  # the harness went away; the call happened and is recorded as answered
                 call.pace, call.used = pace, self._account(call, usage_from_body(call.kind, data), estimated=False)
+                call.answered = True
                 return out
             finally:
                 resp.release()
@@ -490,6 +588,7 @@ class Shim:
         """A terminal upstream error, to the harness as it came, marked final."""
         call.http_status = resp.status
         call.outcome = "error"
+        call.answered = resp.status < 500
         if call.out is not None:  # a retried stream: its head is out, the error ends it
             return await self._end(call, _error_of(data) or {"type": "api_error",
                                                             "message": data.decode(errors="replace")[:500]})
@@ -644,7 +743,10 @@ class Shim:
             cached_tokens=u.cached_tokens, cache_write_tokens=u.cache_write_tokens, output_tokens=u.output_tokens,
             cost_usd=call.cost, latency_ms=round((now - call.t0) * 1000, 3),
             pacer_wait_ms=round(call.pacer_wait_ms, 3), retries=call.retries, http_status=call.http_status,
-            outcome=call.outcome, usage_estimated=call.estimated, raw_usage=raw)
+            outcome=call.outcome, usage_estimated=call.estimated, raw_usage=raw, gateway_call_id=call.gateway_call_id,
+            held_ms=round(call.held_ms, 3))
+        if call.answered and self.breaker is not None and self.breaker.should_report_ok():
+            self._spawn(self._breaker_ok())
         self._settling.append(call)
         if len(self._settling) == 1:  # the calls finished in this turn of the event loop settle together
             self._spawn(self._after())

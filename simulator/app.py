@@ -15,6 +15,7 @@ from aiohttp import web
 
 from simulator.config import SimulatorConfig
 from simulator.faults import Faults
+from simulator.keys import KeyStore, ProviderKey
 from simulator.policy import Policy, load_policy
 from simulator.ratelimit import RateLimiter
 from simulator.stats import Stats
@@ -33,14 +34,17 @@ class State:
     limiter: RateLimiter
     cache: PromptCache
     stats: Stats = field(default_factory=Stats)
+    keys: KeyStore = field(default_factory=KeyStore)  # minted through the admin API
 
     def reset(self) -> None:
         self.stats.clear()
+        self.keys.clear()
         self.limiter.clear()
         self.cache.clear()
 
 
 STATE = web.AppKey("state", State)
+WIRES = web.AppKey("wires", list)
 
 
 def make_app(config: SimulatorConfig) -> web.Application:
@@ -62,6 +66,12 @@ def make_app(config: SimulatorConfig) -> web.Application:
     app.router.add_get("/_sim/health", _health)
     app.router.add_get("/_sim/stats", _stats)
     app.router.add_post("/_sim/reset", _reset)
+    app.router.add_post("/_sim/limits", _limits)
+    app.router.add_post("/_sim/outage", _outage)
+    app.router.add_post("/_sim/admin/keys", _mint_key)
+    app.router.add_get("/_sim/admin/keys/{id}", _key_usage)
+    app.router.add_delete("/_sim/admin/keys/{id}", _revoke_key)
+    app[WIRES] = wires
     return app
 
 
@@ -78,6 +88,57 @@ async def _reset(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
+async def _limits(request: web.Request) -> web.Response:
+    """New per-minute limits (any of rpm, tpm, itpm, otpm) from now on, as a provider lowering or raising them."""
+    state = request.app[STATE]
+    state.config = state.config.model_copy(update={k: int(v) for k, v in (await request.json()).items()
+                                                   if k in ("rpm", "tpm", "itpm", "otpm")})
+    state.limiter.resize({w.route: w.limits(state.config) for w in request.app[WIRES]})
+    return web.json_response({k: getattr(state.config, k) for k in ("rpm", "tpm", "itpm", "otpm")})
+
+
+async def _outage(request: web.Request) -> web.Response:
+    """A provider outage: {"seconds": N, "after_s": T (default 0), "status": 503/529/... or 0 (dropped)}."""
+    body = await request.json()
+    faults = request.app[STATE].faults
+    faults.outage(float(body.get("after_s", 0)), float(body["seconds"]), int(body.get("status", 503)))
+    return web.json_response({"after_s": float(body.get("after_s", 0)), "seconds": float(body["seconds"]),
+                              "status": faults.outage_status})
+
+
+def _admin(request: web.Request) -> None:
+    """The admin API takes the organisation's key (config.api_key) as a bearer token, as management keys go."""
+    config = request.app[STATE].config
+    if config.api_key is None or request.headers.get("Authorization", "") != f"Bearer {config.api_key}":
+        raise web.HTTPUnauthorized(text="the admin API needs the organisation's key")
+
+
+async def _mint_key(request: web.Request) -> web.Response:
+    _admin(request)
+    body = await request.json()
+    limit = body.get("limit_usd")
+    k = request.app[STATE].keys.mint(str(body.get("name", "")), None if limit is None else float(limit))
+    return web.json_response({**k.public(), "key": k.key}, status=201)
+
+
+def _known_key(request: web.Request) -> ProviderKey:
+    _admin(request)
+    k = request.app[STATE].keys.get(request.match_info["id"])
+    if k is None:
+        raise web.HTTPNotFound(text="no such key")
+    return k
+
+
+async def _key_usage(request: web.Request) -> web.Response:
+    return web.json_response(_known_key(request).public())
+
+
+async def _revoke_key(request: web.Request) -> web.Response:
+    k = _known_key(request)
+    request.app[STATE].keys.revoke(k.id)
+    return web.json_response(k.public())
+
+
 def _handler(wire: Wire):
     async def handle(request: web.Request) -> web.StreamResponse:
         return await _serve(request, wire, request.app[STATE])
@@ -89,8 +150,13 @@ async def _serve(request: web.Request, wire: Wire, state: State) -> web.StreamRe
     arrived = time.perf_counter()
     ids = wire.request_id_header()
     key = wire.api_key(request.headers)
-    if key is None or (state.config.api_key is not None and key != state.config.api_key):
+    minted = state.keys.by_key(key) if key else None
+    if minted is None and (key is None or (state.config.api_key is not None and key != state.config.api_key)):
         return web.json_response(wire.unauthorized(key), status=401, headers=ids)
+    if minted is not None and (refused := state.keys.refusal(minted)) is not None:
+        status, message = refused
+        body = wire.unauthorized(key) if status == 401 else wire.spend_limited(message)
+        return web.json_response(body, status=status, headers=ids)
     try:
         call = wire.parse(await request.json())
     except ValueError:
@@ -102,6 +168,13 @@ async def _serve(request: web.Request, wire: Wire, state: State) -> web.StreamRe
 
     limits = state.limiter.for_model(wire.route, call.model)
     state.stats.model(call.model).requests += 1
+    if state.faults.in_outage():
+        state.stats.model(call.model).outage += 1
+        if state.faults.outage_status == 0:  # unreachable: the connection closes with no answer
+            request.transport.close()
+            return web.Response(status=503)
+        status, body, extra = wire.injected(state.faults.outage_status)
+        return web.json_response(body, status=status, headers={**ids, **extra})
     if (injected := state.faults.status()) is not None:
         status, body, extra = wire.injected(injected)
         state.stats.error(call.model, status)
@@ -124,9 +197,11 @@ async def _serve(request: web.Request, wire: Wire, state: State) -> web.StreamRe
     if state.config.report_timing:
         headers["x-simulator-arrived"] = repr(arrived)
     if call.stream:
-        return await _stream(request, wire, state, call, billing, wire.frames(call, reply, billing), headers)
+        return await _stream(request, wire, state, call, billing, wire.frames(call, reply, billing), headers, minted)
     await asyncio.sleep(_pace(state.config, billing.output_tokens, first=True))
     state.stats.bill(call.model, billing)
+    if minted is not None:
+        state.keys.charge(minted, call.model, billing)
     if state.config.report_timing:
         headers["x-simulator-sent"] = repr(time.perf_counter())
     return web.json_response(wire.message(call, reply, billing), headers=headers)
@@ -146,6 +221,7 @@ async def _stream(
     billing: Billing,
     frames: list[Frame],
     headers: dict[str, str],
+    minted: ProviderKey | None = None,
 ) -> web.StreamResponse:
     timing = state.config.report_timing
     if timing:
@@ -181,3 +257,5 @@ async def _stream(
         return response
     finally:  # a cut or a client that went away is billed the output it was sent
         state.stats.bill(call.model, billing.with_output(math.ceil(sent)))
+        if minted is not None:
+            state.keys.charge(minted, call.model, billing.with_output(math.ceil(sent)))

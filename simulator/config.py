@@ -26,9 +26,19 @@ class SimulatorConfig(BaseModel):
     )
     stream_cut_rate: float = Field(0.0, ge=0, le=1, description="fraction of streams cut half-way")
     seed: int | None = Field(None, description="seed for the fault dice")
+    outage_at_s: float | None = Field(None, ge=0, description=(
+        "a provider outage starting this many seconds after start-up (also set live: POST /_sim/outage)"))
+    outage_s: float = Field(0.0, ge=0, description="how long the outage lasts")
+    outage_after_calls: int | None = Field(None, ge=0, description=(
+        "start the outage (outage_s long) at the request after this many instead: inside a run, whatever its start-up "
+        "took"))
+    outage_status: int = Field(503, description=(
+        "what every call gets during the outage: an HTTP status (503, 529, 500...), or 0 to drop the connection "
+        "unanswered (as a provider that cannot be reached)"))
     ttft_ms: float = Field(0.0, ge=0, description="time to first token")
     tokens_per_s: float = Field(0.0, ge=0, description="output pace (0 = instant)")
-    policy: str = Field("echo", description="`echo`, `judge` or a path to a JSON demo policy file")
+    policy: str = Field("echo", description=(
+        "`echo`, `judge`, `trajectory` (an agent's call shape, seeded by --seed) or a path to a JSON demo policy file"))
     dataset: Path | None = Field(None, description="SWE-bench .jsonl for the demo policy")
     red_team: Path | None = Field(None, description=(
         "intel JSON for the red-team policy (simulator/red_team.py): attack the task, one attack a turn, before "
@@ -51,7 +61,7 @@ class SimulatorConfig(BaseModel):
 
     @model_validator(mode="after")
     def _demo_needs_dataset(self) -> SimulatorConfig:
-        if self.policy not in ("echo", "judge") and self.dataset is None:
+        if self.policy not in ("echo", "judge", "trajectory") and self.dataset is None:
             raise ValueError("a demo policy file needs --dataset")
         return self
 

@@ -101,6 +101,9 @@ class Script(BaseModel):
     keep_going: bool = Field(False, description=(
         "after the patch, keep looking around instead of finishing (until a cap of the attempt ends it)"))
     pad_chars: int = Field(0, ge=0, description="text of this many characters added to each turn after the patch")
+    command: str | None = Field(None, description=(
+        "a shell command the agent runs on its first turn, before the script (e.g. one that allocates memory past"
+        " the task's limit); a format without a shell tool looks around instead"))
 
 
 class Gold(Script):
@@ -159,6 +162,10 @@ class DemoPolicy:
         turn = conversation.turns_after(needle)
         if not fmt.acts:  # a request without tools (a title, a summary): text only
             return fmt.text(row, conversation)
+        if action.command is not None:  # its own turn first; the script follows one turn later
+            if turn == 0:
+                return fmt.run(action.command, conversation)
+            turn -= 1
         patch = None if isinstance(action, Empty) else row["patch"] if isinstance(action, Gold) else action.patch
         if turn == 0:
             return fmt.look(conversation, patch=patch)
@@ -169,9 +176,57 @@ class DemoPolicy:
         return fmt.finish(conversation)
 
 
+class TrajectoryPolicy:
+    """An agent's call shape without a task: a seeded number of turns, each reply's size and the tool work it asks
+    for (how long the agent works before its next call, how much that work adds to the conversation), drawn like
+    real agent trajectories (a few long turns among many short ones: log-normal sizes). The reply's first line says
+    what to do: `TRAJECTORY think_s=<s> observe_chars=<n>`, or `TRAJECTORY submit` on the last turn; the rest is
+    filler of the drawn output size. Seeded by the first user message, so each attempt replays its trajectory
+    whatever else the simulator serves."""
+
+    def __init__(self, seed: int | None = None, shape: TrajectoryShape | None = None) -> None:
+        self.seed, self.shape = seed or 0, shape or TrajectoryShape()
+
+    def reply(self, conversation: Conversation) -> Reply:
+        import random
+
+        task = conversation.user_texts[0] if conversation.user_texts else ""
+        s = self.shape
+        turns = random.Random(f"{self.seed}/{task}").randint(s.min_turns, s.max_turns)
+        turn = conversation.assistant_turns
+        rng = random.Random(f"{self.seed}/{task}/{turn}")
+        out_tokens = round(s.draw(rng, s.output_tokens))
+        if turn + 1 >= turns:
+            head = "TRAJECTORY submit"
+        else:
+            think, observe = s.draw(rng, s.think_s), round(s.draw(rng, s.observe_tokens))
+            head = f"TRAJECTORY think_s={think:.3f} observe_chars={4 * observe}"
+        filler = max(0, 4 * out_tokens - len(head) - 1)
+        return Reply(head + "\n" + ("lorem ipsum " * (filler // 12 + 1))[:filler])
+
+
+class TrajectoryShape(BaseModel):
+    """Medians of the trajectory policy's draws (each log-normal with `spread`), and its turns (uniform)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_turns: int = Field(20, ge=1)
+    max_turns: int = Field(60, ge=1)
+    output_tokens: int = Field(250, ge=1)
+    observe_tokens: int = Field(700, ge=1)
+    think_s: float = Field(0.8, ge=0)
+    spread: float = Field(0.6, ge=0)
+
+    def draw(self, rng, median: float) -> float:
+        """Log-normal around `median`, clipped to [median / 8, median * 8] (no turn-long outliers)."""
+        return min(median * 8, max(median / 8, median * rng.lognormvariate(0, self.spread)))
+
+
 def load_policy(config: SimulatorConfig) -> Policy:
     if config.policy == "echo":
         return EchoPolicy()
+    if config.policy == "trajectory":  # an agent's call shape, for throughput benches (bench/bench_throughput.py)
+        return TrajectoryPolicy(config.seed)
     if config.policy == "judge":  # answers a judge's rubric (dispatcher/judge)
         from simulator.judge_policy import JudgePolicy
 

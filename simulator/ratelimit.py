@@ -48,6 +48,14 @@ class Limits:
                 self._buckets[dim].take(cost, now)
         return None
 
+    def resize(self, limits: dict[str, int]) -> None:
+        """New limits, as a provider changes an organisation's: each bucket keeps what it held, up to its new size."""
+        now = self._clock()
+        held = {dim: b.level(now) for dim, b in self._buckets.items()}
+        self._buckets = {dim: TokenBucket(limit / 60.0, limit, clock=self._clock) for dim, limit in limits.items() if limit > 0}
+        for dim, bucket in self._buckets.items():
+            bucket.take(max(0.0, bucket.burst - held.get(dim, bucket.burst)), now)
+
     def snapshot(self) -> dict[str, BucketState]:
         now = self._clock()
         return {
@@ -71,6 +79,12 @@ class RateLimiter:
         if key not in self._limits:
             self._limits[key] = Limits(self._config[route], self._clock)
         return self._limits[key]
+
+    def resize(self, limits_by_route: dict[str, dict[str, int]]) -> None:
+        """Change every route's limits mid-run (the buckets made so far keep their levels, up to the new sizes)."""
+        self._config = limits_by_route
+        for (route, _), limits in self._limits.items():
+            limits.resize(limits_by_route[route])
 
     def clear(self) -> None:
         self._limits.clear()

@@ -18,6 +18,7 @@ class ModelStats(BaseModel):
     errors: dict[int, int] = Field(default_factory=dict)  # HTTP status -> responses sent
     stream_errors: int = 0  # streams that ended in `event: error`
     stream_cuts: int = 0  # streams cut half-way
+    outage: int = 0  # requests failed by an outage (/_sim/outage), apart from `errors`
 
 
 class Stats:

@@ -69,6 +69,11 @@ class AnthropicWire:
             "authentication_error", "x-api-key header is required" if key is None else "invalid x-api-key"
         )
 
+    def spend_limited(self, message: str) -> dict:
+        body = _error("rate_limit_error", message)
+        body["error"]["details"] = {"error_code": "enforced_spend_limit_reached"}
+        return body
+
     def bad_request(self, message: str) -> dict:
         return _error("invalid_request_error", message)
 

@@ -71,6 +71,9 @@ class OpenAIWire:
             "invalid_api_key",
         )
 
+    def spend_limited(self, message: str) -> dict:
+        return _error(message, "insufficient_quota", "enforced_spend_limit_reached")
+
     def bad_request(self, message: str) -> dict:
         return _error(message, "invalid_request_error")
 

@@ -10,7 +10,6 @@ Every test gets one tier marker (unit, services, docker, e2e) from tests/tiers.p
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import uuid
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 import redis
 
 from contract import db
+from plumbing.services import free_port
 from tests import tiers
 
 BASE_DATABASE_URL = os.environ.get("DATABASE_URL", db.DEFAULT_DATABASE_URL)
@@ -29,12 +29,6 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by these markers
 def pytest_collection_modifyitems(config, items):
     tiers.mark(items)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _with_db(url: str, name: str) -> str:
@@ -83,6 +77,17 @@ def valkey(valkey_url):
     r = redis.Redis.from_url(valkey_url)
     yield r
     r.close()
+
+
+@pytest.fixture(scope="session")
+def gateway_tier(database_url, valkey_url, tmp_path_factory):
+    """(state folder, TierInfo): the gateway tier (gateway/tier.py), two replicas behind haproxy, for the session."""
+    from gateway import tier
+
+    state = tmp_path_factory.mktemp("gateway-state")
+    info = tier.ensure(state, database_url, valkey_url)
+    yield state, info
+    tier.stop(state)
 
 
 @pytest.fixture

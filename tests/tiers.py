@@ -50,6 +50,7 @@ FIXTURES: dict[str, str] = {
     "moto_endpoint": "services",
     "iam_moto": "services",  # tests/infra/test_untrusted.py: a moto server with IAM enforcement
     "gateway": "services",  # tests/shim/test_shim_litellm.py: a LiteLLM proxy
+    "gateway_tier": "services",  # tests/conftest.py: the gateway tier (LiteLLM replicas behind haproxy)
     "chromium": "services",  # tests/dashboard: headless Chromium from apt
     "docker_engine": "docker",  # tests/conftest.py: the engine and the base images
     "docker_client": "docker",  # tests/eval_worker: the engine and the base image

@@ -21,10 +21,12 @@ class AwsBackend(Backend):
     launchers = ("ecs",)
     builds_images = False
     local_stack = False
+    spot_capacity = True  # the estate's harness cluster has the FARGATE_SPOT capacity provider
 
     @classmethod
     def spec_problem(cls, backend_spec) -> str | None:
-        return None if backend_spec.stack_outputs else "stack_outputs is required when kind = 'aws'"
+        return super().spec_problem(backend_spec) or (
+            None if backend_spec.stack_outputs else "stack_outputs is required when kind = 'aws'")
 
     @functools.cached_property
     def outputs(self) -> StackOutputs:

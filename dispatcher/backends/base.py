@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from dispatcher.images import Target
     from dispatcher.launchers.base import LaunchContext, Launcher
     from dispatcher.plan import Plan
+    from gateway.runs import RunGateway
 
 
 def attempt_env(run_keys: RunKeys):
@@ -49,6 +50,7 @@ class Backend:
     builds_images: ClassVar[bool] = True  # task images are built on this host (else by a build tier, looked up)
     # its Valkey, S3/SQS and simulator are this machine's local stack (scripts/stack.sh), not an estate's
     local_stack: ClassVar[bool] = True
+    spot_capacity: ClassVar[bool] = False  # harness tasks can run on interruptible capacity (backend.spot)
 
     def __init__(self, spec):
         self.spec = spec
@@ -63,6 +65,8 @@ class Backend:
     @classmethod
     def spec_problem(cls, backend_spec) -> str | None:
         """What [backend] lacks for this backend (None when it has everything)."""
+        if backend_spec.spot and not cls.spot_capacity:
+            return "spot: this backend has no Spot capacity (the aws backend's Fargate Spot has)"
         return None
 
     @classmethod
@@ -135,6 +139,19 @@ class Backend:
     def upstream(self, plan: Plan) -> tuple[str, str]:
         """(URL, key) of the provider endpoint the run's tasks call, as the dispatcher reaches it."""
         raise NotImplementedError
+
+    def open_gateway(self, plan: Plan, conn, valkey_url: str, run_keys: RunKeys, upstream: str,
+                     provider_key: str) -> RunGateway:
+        """With [gateway]: the gateway tier running, the provider key with it alone, the pool's alias registered
+        with the upstream as its deployment, the run's key minted (gateway/runs.py)."""
+        raise NotImplementedError(f"backend {self.spec.backend.kind} has no gateway tier yet")
+
+    def close_gateway(self, conn, valkey: redis.Redis) -> None:
+        """The run has ended (finished, cancelled, failed): its gateway key is refused from now on (its provider
+        key, where it has one, revoked after its usage is recorded). Idempotent."""
+        from gateway import runs
+
+        runs.close_run(conn, valkey, self.spec.run.name)
 
     def task_valkey_user(self, admin: redis.Redis, valkey_url: str, run_keys: RunKeys) -> dict[str, str]:
         """The environment that gives tasks the run's own Valkey user ({} where they get it elsewhere)."""

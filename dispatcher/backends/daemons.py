@@ -3,7 +3,8 @@
 PostgreSQL and Valkey are installed and started by scripts/stack.sh when nothing answers; here we only
 check them and start moto (which the dispatcher owns locally) as a daemon under the state folder, so
 that it outlives one dispatcher process and a `resume` finds the run's queues and job documents. The package
-index that docker gradings reach (eval_worker.package_index) is a daemon of the same kind.
+index that docker gradings reach (eval_worker.package_index) and the gateway tier (gateway/tier.py) are daemons of the
+same kind.
 """
 
 from __future__ import annotations
@@ -94,6 +95,21 @@ def ensure_package_index() -> str:
             [sys.executable, "-m", "eval_worker.package_index", "--host", host, "--port", str(INDEX_PORT),
              "--cache-dir", str(cache)], host, INDEX_PORT, "EVALPLANE_INDEX_PORT", lambda: package_index.available(url))
     return url
+
+
+def ensure_gateway(valkey_url: str, replicas: int = 2):
+    """The gateway tier on this host (gateway/tier.py) on the run's database and Valkey (admin URL), started if it
+    does not answer: its TierInfo."""
+    from contract import db
+    from gateway import tier
+
+    return tier.ensure(state_dir(), db.database_url(), valkey_url, replicas)
+
+
+def stop_gateway() -> bool:
+    from gateway import tier
+
+    return tier.stop(state_dir())
 
 
 def aws_env() -> dict[str, str]:

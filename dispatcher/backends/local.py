@@ -42,6 +42,11 @@ def simulator_args(plan, run_dir: Path) -> list[str]:
         argv += ["--error-statuses", ",".join(map(str, sim.error_statuses))]
     if sim and sim.seed is not None:
         argv += ["--seed", str(sim.seed)]
+    if sim and sim.outage_s:
+        argv += ["--outage-s", str(sim.outage_s), "--outage-status", str(sim.outage_status)]
+        for flag in ("outage_at_s", "outage_after_calls"):
+            if getattr(sim, flag) is not None:
+                argv += [f"--{flag.replace('_', '-')}", str(getattr(sim, flag))]
     return argv
 
 
@@ -64,6 +69,7 @@ class LocalBackend(Backend):
     def __init__(self, spec):
         super().__init__(spec)
         self.workers: list[subprocess.Popen] = []  # the eval workers this process started
+        self.provider_admin: tuple[str, str] | None = None  # (URL, admin key) of the run's ProviderKeys
 
     @classmethod
     def default_launcher(cls, adapter) -> str:
@@ -110,6 +116,30 @@ class LocalBackend(Backend):
             return spec.model.base_url, key
         return self.services.simulator(simulator_args(plan, self.run_dir), "sk-sim-" + secrets.token_hex(16))
 
+    def open_gateway(self, plan, conn, valkey_url: str, run_keys: RunKeys, upstream: str, provider_key: str):
+        """The local tier (LiteLLM replicas behind haproxy, daemons of the state folder); the provider key (the
+        run's own, minted with the run's cap as its limit, where the provider has ProviderKeys) goes to its 0600 key
+        file. A run whose provider is its own simulator gets an alias of its own (its simulator's URL is the run's
+        alone); a real provider's pool is one alias for every run on it."""
+        from dispatcher.provider_keys import lifecycle
+        from gateway import keyfile, runs, tier
+
+        spec = self.spec
+        info = daemons.ensure_gateway(valkey_url, spec.gateway.replicas)
+        key_file = tier.provider_keys_file(daemons.state_dir())
+        provider = spec.provider_keys
+        name, key = runs.key_name(provider_key), provider_key
+        if provider is not None:
+            self.provider_admin = (upstream, provider_key)  # the account's key: it mints, reads and revokes
+            name, key = lifecycle.open_key(conn, provider, upstream, provider_key, spec.run.name,
+                                           spec.budget.run_usd, runs.key_name)
+        if key is not None:
+            keyfile.put(key_file, name, key)
+        alias = spec.pool if spec.model.base_url else f"{spec.pool}/{spec.run.name}"
+        return runs.open_run(conn, redis.Redis.from_url(valkey_url), spec, run_keys.run_secret, info.url, alias,
+                             [runs.deployment(spec.model.provider, spec.model.model, upstream, name)],
+                             budget_usd=None if provider is not None else spec.budget.run_usd)
+
     def task_valkey_user(self, admin: redis.Redis, valkey_url: str, run_keys: RunKeys) -> dict[str, str]:
         return run_valkey_user(admin, valkey_url, self.spec, run_keys)
 
@@ -136,6 +166,13 @@ class LocalBackend(Backend):
         for w in self.workers:
             if w.poll() is None:
                 w.terminate()
+
+    def close_gateway(self, conn, valkey: redis.Redis) -> None:
+        from dispatcher.provider_keys import lifecycle
+
+        super().close_gateway(conn, valkey)
+        if self.provider_admin is not None:  # before finish(), which stops the simulator
+            lifecycle.close_key(conn, *self.provider_admin, self.spec.run.name)
 
     def finish(self, admin: redis.Redis) -> None:
         self.services.stop_all()  # the simulator and eval workers, this dispatcher's and earlier ones'

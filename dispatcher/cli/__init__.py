@@ -24,10 +24,14 @@ app.command("plan", hidden=True)(preflight.forecast)  # its old name, kept for s
 app.command()(preflight.images)
 app.command()(runs.run)
 app.command()(runs.resume)
+app.command()(runs.pause)
+app.command()(runs.resize)
 app.command()(runs.cancel)
+app.command()(runs.retry)
 app.command()(runs.status)
 app.command()(runs.dashboard)
 app.command()(results.report)
+app.command()(results.regrade)
 app.command()(results.judge)
 
 

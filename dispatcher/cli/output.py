@@ -8,9 +8,10 @@ from rich.console import Console
 
 
 def _console(stderr: bool) -> Console:
-    # The results table wants ~150 columns: use them when the stream is not a terminal (logs, CI, pipes).
+    # The results table (tokens, compute and their costs) wants ~190 columns: use them when the stream is not a
+    # terminal (logs, CI, pipes).
     tty = (sys.stderr if stderr else sys.stdout).isatty()
-    return Console(stderr=stderr) if tty else Console(stderr=stderr, width=160)
+    return Console(stderr=stderr) if tty else Console(stderr=stderr, width=200)
 
 
 out = _console(stderr=False)

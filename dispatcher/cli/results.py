@@ -18,6 +18,7 @@ from dispatcher.cli.output import err, out, plain
 from dispatcher.plan import Plan
 
 RUN_OR_SPEC = Annotated[str, typer.Argument(metavar="RUN_OR_SPEC", help=target.HELP, show_default=False)]
+OUT = Annotated[str | None, typer.Option("--out", help="folder for predictions.jsonl and the report JSON")]
 
 
 def write_outputs(plan: Plan, out_dir: str | None) -> None:
@@ -36,9 +37,34 @@ def write_outputs(plan: Plan, out_dir: str | None) -> None:
     report.print_results(out, run, attempts, files)
 
 
+def print_forecast_check(run: str) -> None:
+    """The forecast the run started with against what it took (nothing for a run started without one)."""
+    from rich.table import Table
+
+    from dispatcher import forecast
+
+    with store.connect() as conn:
+        f = forecast.recorded(conn, run)
+        if f is None:
+            return
+        lines = forecast.against(f, forecast.actual(conn, run, since=f.made_at))
+
+    table = Table(title=f"{run}: predicted against actual (forecast of {f.made_at:%Y-%m-%d %H:%M}, call shape from"
+                        f" the {f.observation.basis})")
+    for col in ("", "predicted", "actual", "actual / predicted"):
+        table.add_column(col, justify="left" if not col else "right")
+    for ln in lines:
+        table.add_row(ln.label, ln.text(ln.predicted), ln.text(ln.actual),
+                      "–" if ln.ratio is None else f"{ln.ratio:.2f}")
+    out.print(table)
+
+
 def report(run_or_spec: RUN_OR_SPEC,
            compare: Annotated[str | None, typer.Option(
                metavar="RUN_B", help="compare with another run: paired, on their shared instances")] = None,
+           gradings: Annotated[bool, typer.Option(
+               "--gradings", help="compare the run's gradings instead: its first verdicts against its latest (after"
+                                  " `regrade`), the ones that changed")] = False,
            out_dir: Annotated[str | None, typer.Option(
                "--out", help="folder for the outputs (the report goes to its report/ subfolder)")] = None) -> None:
     """A run's report (figures, pass@k, plots, one HTML file); with a spec, its official outputs too.
@@ -50,6 +76,12 @@ def report(run_or_spec: RUN_OR_SPEC,
 
     it = target.resolve(run_or_spec)
     plan = it.plan
+    if gradings:  # two gradings of one run: which verdicts the latest changed
+        with store.connect() as conn:
+            if not store.run_exists(conn, it.run):
+                raise Refused(f"no run named {it.run!r}")
+            print_regradings(conn, it.run)
+        return
     with store.connect() as conn:
         for name in filter(None, (it.run, compare)):
             if not store.run_exists(conn, name):
@@ -70,6 +102,83 @@ def report(run_or_spec: RUN_OR_SPEC,
         except (NoSuchRun, ValueError) as e:
             raise Refused(str(e)) from None
     analytics.print_summary(out, built, files)
+    for name in filter(None, (it.run, compare)):
+        print_forecast_check(name)
+    if not compare:
+        from dispatcher.report.reconcile import print_reconciliation, reconcile
+
+        with store.connect() as conn:
+            meters = reconcile(conn, it.run)
+        if meters.through_gateway:  # a run without the gateway tier has one meter: nothing to reconcile
+            print_reconciliation(out, meters)
+    with store.connect() as conn:
+        print_regradings(conn, it.run)
+
+
+def regrade(run_or_spec: RUN_OR_SPEC,
+            from_logs: Annotated[bool, typer.Option(
+                "--from-logs", help="parse each grading's recorded test output again with the installed swebench"
+                                    " (no containers)")] = False,
+            images: Annotated[list[str] | None, typer.Option(
+                "--images", metavar="INSTANCE=IMAGE", help="grade INSTANCE's patches again in IMAGE (by digest) with"
+                                                           " the docker grader; repeatable")] = None,
+            out_dir: OUT = None) -> None:
+    """Grade a run's recorded patches again: from its logs, or in other images.
+
+    Each new verdict is kept beside the earlier ones with the grader's version, the image digest and the time (none is
+    overwritten); the results, the report and the official outputs (rewritten here) use each attempt's latest."""
+    from dispatcher import regrade as regrading
+    from dispatcher.backends import resources
+
+    if from_logs == bool(images):
+        raise Refused("give exactly one of --from-logs and --images", EXIT_SPEC)
+    chosen = {}
+    for item in images or []:
+        iid, sep, image = item.partition("=")
+        if not sep or not iid or not image:
+            raise Refused(f"--images {item!r}: expected INSTANCE=IMAGE", EXIT_SPEC)
+        chosen[iid] = image
+    it = target.resolve(run_or_spec)
+    plan = target.plan_of(it)
+    if unknown := sorted(set(chosen) - set(plan.rows)):
+        raise Refused(f"--images: not instances of run {it.run!r}: {', '.join(unknown)}", EXIT_SPEC)
+    bucket = backends.for_spec(plan.spec).bucket()
+
+    def prefix(ref: AttemptRef) -> str:
+        return resources.artifacts_prefix(bucket, ref)
+
+    with store.connect() as conn:
+        if from_logs:
+            done = regrading.from_logs(conn, plan, prefix)
+        else:
+            from eval_worker import package_index
+            from eval_worker.graders import GRADERS, GraderOptions
+
+            grader = GRADERS.get("docker").from_options(GraderOptions(
+                database_url=db.database_url(), package_index=os.environ.get(package_index.PACKAGE_INDEX_ENV)))
+            logs = daemons.state_dir() / "runs" / it.run / "regrade"
+            done = regrading.on_images(conn, plan, chosen, prefix, grader, logs, plan.spec.eval.timeout_s)
+    for r in done:
+        change = "" if r.after is None or r.after == r.before else "  (changed)"
+        plain(out, f"{r.ref.slug}: {r.before} -> {r.after or 'not regraded: ' + r.why}{change}")
+    regraded = [r for r in done if r.after is not None]
+    plain(out, f"run {it.run}: {len(regraded)} verdict(s) recorded, "
+               f"{sum(r.after != r.before for r in regraded)} changed, {len(done) - len(regraded)} not regraded")
+    write_outputs(plan, out_dir)
+
+
+def print_regradings(conn, run: str) -> None:
+    """The attempts whose verdict a regrade changed: first and latest, and how the latest was given."""
+    from dispatcher.regrade import changes
+
+    rows = changes(conn, run)
+    if not rows:
+        return
+    plain(out, f"verdicts changed by regrading ({len(rows)}):")
+    for c in rows:
+        plain(out, f"  {c['instance_id']} attempt {c['attempt']}: {c['first']} -> {c['latest']} ({c['how']},"
+                   f" {c['grader_version']}{', image ' + c['image_digest'] if c['image_digest'] else ''},"
+                   f" {c['graded_at']:%Y-%m-%d %H:%M:%S})")
 
 
 def judge(run_or_spec: RUN_OR_SPEC,

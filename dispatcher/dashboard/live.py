@@ -33,6 +33,9 @@ class DriverView(Protocol):
 
     target: int
     running: Mapping[AttemptRef, Any]  # values have .exit_code (None while the task runs)
+    paused: bool  # the run's control state as of the last pass
+    hold_calls: bool  # ... and whether its shims hold new model calls (`pause --hold-calls`)
+    ceiling: int  # the concurrency the planner works under (the spec's, or `resize`'s)
 
 
 def micro_to_usd(value: str | bytes | None) -> Decimal:
@@ -112,7 +115,11 @@ class LiveRun:
         self._statuses |= set(counts)
         fields = self._static | {f"status:{s}": str(counts.get(s, 0)) for s in self._statuses}
         fields |= {"state": "running", "landed": str(sum(counts.values())), "running": str(len(alive)),
-                   "target": str(self.loop.target), "updated_at": f"{time.time():.3f}"}
+                   "target": str(self.loop.target), "updated_at": f"{time.time():.3f}",
+                   "paused": "1" if self.loop.paused else "0", "calls_held": "1" if self.loop.hold_calls else "0",
+                   "concurrency": str(self.loop.ceiling),
+                   "outage_s": "" if self.loop.outage_s is None else f"{self.loop.outage_s:.1f}",
+                   "planned": str(len(self.plan.refs))}
         pacing = None
         if now - self._last_pool >= self.pool_every_s:  # the ledger's figures, every few seconds
             self._last_pool = now
@@ -179,13 +186,14 @@ class LiveRun:
 
     # ------------------------------------------------------------ the dashboard with the run
 
-    def serve_dashboard(self, valkey_url: str, host: str = "127.0.0.1", port: int = 8270) -> str | None:
-        """backend.dashboard = true: serve the dashboard from this process while the run goes (a daemon thread).
-        Returns its URL, or None when the port is taken (another dashboard already serves it)."""
+    def serve_dashboard(self, valkey_url: str, host: str = "127.0.0.1", port: int = 8270,
+                        token: str | None = None) -> str | None:
+        """backend.dashboard = true: serve the dashboard from this process while the run goes (a daemon thread;
+        its controls take `token`). Returns its URL, or None when the port is taken (another dashboard serves it)."""
         from dispatcher.dashboard.app import serve_in_thread
 
         try:
-            self.dashboard_url = serve_in_thread(valkey_url, host, port)
+            self.dashboard_url = serve_in_thread(valkey_url, host, port, token)
         except OSError as e:
             log.warning("dashboard not started on %s:%d: %s", host, port, e)
             return None
@@ -197,11 +205,12 @@ def start_live(valkey: redis.Redis, plan: Plan, loop: DriverView, valkey_url: st
     the dashboard too, served from this process while the run goes."""
     live = LiveRun(valkey, plan, loop)
     if plan.spec.backend.dashboard:
-        from dispatcher.dashboard.app import DEFAULT_PORT
+        from dispatcher.dashboard.app import DEFAULT_PORT, load_token
 
         port = int(os.environ.get("EVALPLANE_DASHBOARD_PORT", DEFAULT_PORT))
-        url = live.serve_dashboard(valkey_url, port=port)
+        token = load_token(None)
+        url = live.serve_dashboard(valkey_url, port=port, token=token)
         if console is not None:
-            console.print(f"dashboard: {url}?run={plan.spec.run.name}" if url else
+            console.print(f"dashboard: {url}?run={plan.spec.run.name} (control token: {token})" if url else
                           f"dashboard: port {port} is taken (is `python -m dispatcher dashboard` already serving?)")
     return live

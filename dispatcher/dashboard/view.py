@@ -61,7 +61,10 @@ class RunView(BaseModel):
     statuses: dict[str, int] = {}
     running: int = 0  # tasks the driver has
     target: int | None = None  # the planner's target concurrency
-    concurrency: int | None = None  # the spec's ceiling
+    concurrency: int | None = None  # the ceiling the planner works under (the spec's, or `resize`'s)
+    paused: bool = False  # `pause`: the driver launches nothing new
+    calls_held: bool = False  # `pause --hold-calls`: the shims hold new model calls too
+    outage_s: float | None = None  # the pool's outage breaker open this long: calls held, nothing launched
     run_cap_usd: str = ""
     spent_usd: str = "0"  # live: the run budget the shims settle; once ended: the ledger's sum
     held_usd: str = "0"  # held for calls in flight
@@ -153,6 +156,8 @@ class ValkeyLiveSource:
             final=sum(n for s, n in statuses.items() if s != "PATCH_READY"), running=_int(f.get("running")),
             target=_int(f.get("target")) if f.get("target") else None,
             concurrency=_int(f.get("concurrency")) if f.get("concurrency") else None,
+            paused=f.get("paused") == "1", calls_held=f.get("calls_held") == "1",
+            outage_s=_float(f.get("outage_s")) if f.get("outage_s") else None,
             run_cap_usd=f.get("run_cap_usd", ""), updated_at=_float(f.get("updated_at")),
         )
         view.age_s = None if view.updated_at is None else round(now - view.updated_at, 1)

@@ -29,6 +29,7 @@ from psycopg.types.json import Jsonb
 
 from contract import aws, db, keys, valkey_auth
 from contract.models import (
+    SPOT_INTERRUPTED,
     AttemptLimits,
     AttemptRef,
     AttemptResult,
@@ -43,7 +44,7 @@ from contract.models import (
     utcnow,
 )
 from contract.signing import RunKeys
-from dispatcher import backends
+from dispatcher import backends, store
 from dispatcher.backends import daemons, resources
 from dispatcher.backends.base import attempt_env
 from dispatcher.backends.resources import RunResources
@@ -54,6 +55,9 @@ from dispatcher.driver.progress import Progress
 from dispatcher.driver.writer import ResultsWriter
 from dispatcher.launchers.base import LaunchContext, Launcher, TaskHandle
 from dispatcher.plan import Plan
+from plumbing.services import free_port
+from shim.breaker import open_for_s
+from shim.caps import KEY_TTL_S
 
 log = logging.getLogger("evalplane.dispatcher")
 
@@ -76,6 +80,7 @@ class Running:
     exited_at: float | None = None
     exit_code: int | None = None
     stopped_at: float | None = None  # when the driver stopped it (its wall-time guard failed)
+    held_at: float = 0.0  # the run's time with calls held (DriverLoop.held_total_s) when it started
     result_sent: bool = False  # the task marked its progress key "done": its result is on the queue
     resolve_at: float | None = None  # once its task is gone: when the driver lands its row if none has landed
 
@@ -104,14 +109,15 @@ def landed_status(conn: psycopg.Connection, run: str) -> dict[tuple[str, int], s
     return {(i, a): s for i, a, s in rows}
 
 
-def make_job(plan: Plan, res: RunResources, ref: AttemptRef, upstream_url: str, valkey_url: str) -> Job:
+def make_job(plan: Plan, res: RunResources, ref: AttemptRef, upstream_url: str, valkey_url: str,
+             alias: str | None = None) -> Job:
     spec = plan.spec
     return Job(
         ref=ref,
         harness=HarnessRef(name=spec.harness.name, settings=spec.harness.settings | {"max_tokens": spec.model.max_tokens}),
-        model=ModelRef(provider=spec.model.provider, model=spec.model.model, pool=spec.pool),
+        model=ModelRef(provider=spec.model.provider, model=spec.model.model, pool=spec.pool, alias=alias),
         limits=AttemptLimits(cost_usd=spec.budget.attempt_usd, max_turns=spec.budget.max_turns,
-                             wall_time_s=spec.budget.wall_time_s),
+                             wall_time_s=spec.budget.wall_time_s, outage_bound_s=spec.budget.outage_bound_s),
         run_cost_usd=spec.budget.run_usd,
         instance=plan.rows[ref.instance_id],
         repo_source=plan.repo_sources[ref.instance_id],
@@ -120,6 +126,7 @@ def make_job(plan: Plan, res: RunResources, ref: AttemptRef, upstream_url: str, 
         results_queue_url=res.results_queue_url,
         artifacts_prefix=res.artifacts_prefix(ref),
         valkey_url=valkey_url,
+        resources=spec.backend.resources,
     )
 
 
@@ -130,7 +137,7 @@ def land_attempt(res: RunResources, plan: Plan, ref: AttemptRef, outcome: Harnes
     now = utcnow()
     msg = AttemptResult(
         ref=ref, harness=plan.spec.harness.name, pool=plan.spec.pool, model=plan.spec.model.model,
-        outcome=outcome, started_at=now, ended_at=now, error=why,
+        outcome=outcome, started_at=now, ended_at=now, error=why, resources=plan.spec.backend.resources,
     )
     aws.send(res.results_queue_url, Envelope(msg=msg).model_dump_json(), sign=run_keys.attempt_signer(ref))
 
@@ -147,6 +154,7 @@ def unreported_result(plan: Plan, ref: AttemptRef, why: str, rows: list[dict]) -
         ref=ref, harness=plan.spec.harness.name, pool=plan.spec.pool, model=plan.spec.model.model,
         outcome=HarnessOutcome.INFRA_ERROR, ledger_calls=len(records), totals=Totals.of(records),
         started_at=min((r.started_at for r in records), default=now), ended_at=now, error=why,
+        resources=plan.spec.backend.resources,
     )
 
 
@@ -162,6 +170,7 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
     state = open_run(conn, plan)
     if state == "finished":
         return state
+    take_retries(conn, plan)
 
     backend = backends.for_spec(spec)
     res = backend.run_resources()
@@ -170,9 +179,16 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
     run_keys = RunKeys.load(*key_files)
     valkey_url = backend.valkey_url(valkey_url)
     valkey_admin = redis.Redis.from_url(valkey_url)
+    carry_run_spend(valkey_admin, run, store.spent_usd(conn, run))
+    store.sync_hold(conn, valkey_admin, run)  # a stored `pause --hold-calls` holds whatever Valkey kept
+    conn.commit()
     aws_env = backend.aws_env()
     try:
         upstream, key = backend.upstream(plan)
+        alias = None
+        if spec.gateway:  # tasks then call the gateway with the run's key; the provider key stays with the gateway
+            gw = backend.open_gateway(plan, conn, valkey_url, run_keys, upstream, key)
+            upstream, key, alias = gw.url, gw.key, gw.alias
         launcher = backend.make_launcher(LaunchContext(
             plan=plan, backend=backend, run_dir=backend.run_dir, state_dir=daemons.state_dir(),
             upstream_url=upstream, upstream_key=key, valkey_url=valkey_auth.without_credentials(valkey_url),
@@ -193,7 +209,7 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
         # job documents hold no credential
         task_valkey = launcher.task_url(valkey_auth.without_credentials(valkey_url))
         loop = DriverLoop(plan, res, conn, valkey_admin, launcher, pacer,
-                          lambda ref: make_job(plan, res, ref, task_upstream, task_valkey), run_keys)
+                          lambda ref: make_job(plan, res, ref, task_upstream, task_valkey, alias), run_keys)
         # The live view (issue 27): the dashboard's keys, and the dashboard itself with backend.dashboard = true.
         progress = Progress(console, run, len(plan.refs),
                             live=start_live(valkey_admin, plan, loop, valkey_url, console))
@@ -205,22 +221,28 @@ def execute(plan: Plan, valkey_url: str, console=None) -> str:
         ray.get([w.stop.remote() for w in writers])
         for w in writers:
             ray.kill(w)
-        conn.execute("UPDATE runs SET status = CASE WHEN status = 'cancelled' THEN status ELSE 'finished' END,"
-                     " finished_at = now() WHERE run = %s", (run,))
-        conn.commit()
+        store.finish(conn, run)
+        if spec.gateway:
+            backend.close_gateway(conn, valkey_admin)
         backend.finish(valkey_admin)
         resources.remove_queues(res)
         remove_run_keys(valkey_admin, run)
         return "finished"
     finally:
         backend.stop_eval_workers()
+        if spec.gateway:  # finished, cancelled or failed: the run's key is refused from now on (a resume mints it)
+            try:
+                conn.rollback()
+                backend.close_gateway(conn, valkey_admin)
+            except Exception:
+                log.exception("could not revoke the gateway key of run %s", run)
         conn.close()
 
 
 class DriverLoop:
     """One pass at a time: land-check, reap, cancel, size the fleet, launch. Returns True when all landed."""
 
-    PLAN_EVERY_S = 10.0
+    PLAN_EVERY_S = 5.0
 
     def __init__(self, plan: Plan, res: RunResources, conn, valkey, launcher: Launcher, pacer, make_job_doc,
                  run_keys: RunKeys):
@@ -234,6 +256,7 @@ class DriverLoop:
         self.planner = Planner(plan.spec.backend.concurrency)
         self.target = min(4, plan.spec.backend.concurrency)  # then grown by the planner while pacer wait is low
         self.limits: dict[str, int] = {}
+        self.observed = None  # the pool's last observation (fleet.observe), as the planner sized the fleet from it
         self._next_plan = 0.0
         self.cancel_sent: set[AttemptRef] = set()
         self.pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="jobdocs")
@@ -250,12 +273,27 @@ class DriverLoop:
         self.dead_jobs: dict[AttemptRef, float] = {}
         self._next_verdict_check = 0.0
         self.verdicts_lost = 0
+        self.paused = False  # as the run's control state said at the last pass
+        self.hold_calls = False  # ... and whether the shims hold new calls (`pause --hold-calls`)
+        self.outage_s: float | None = None  # how long the pool's outage breaker has been open, None: closed
+        # the time the breaker was seen open or the run's calls held, for the wall-time guard (the shims held
+        # the tasks' calls then, and their wall time did not run)
+        self.held_total_s = 0.0
+        self._held_seen_at: float | None = None
+        self.retries = len(plan.refs) - len(plan.rows) * plan.spec.run.attempts  # retry's attempts in the plan
 
     def step(self, progress: Progress | None = None) -> bool:
         t0 = time.monotonic()
         counts = self.counts = self._refresh()
         if progress:
-            progress.update(counts, self.running, self.launch_report())
+            launches = self.launch_report()
+            if self.paused:
+                held = " (calls held)" if self.hold_calls else ""
+                launches = "; ".join(filter(None, [f"paused{held}: launching nothing new", launches]))
+            if self.outage_s is not None:
+                launches = "; ".join(filter(None, [
+                    f"provider outage for {self.outage_s:.0f} s: launching nothing new", launches]))
+            progress.update(counts, self.running, launches)
         if sum(n for s, n in counts.items() if s != "PATCH_READY") == len(self.plan.refs):
             return True
         landed = self.landed
@@ -269,7 +307,8 @@ class DriverLoop:
                 self._await_verdicts(now)
             except Exception:  # SQS or the database unreachable: the next look
                 log.exception("could not check on grading")
-        if self._cancelled():
+        control = self._control(now)
+        if control.status == "cancelled":
             self._cancel(landed)
             return False
         t1 = time.monotonic()
@@ -278,8 +317,43 @@ class DriverLoop:
             self._resize(landed)
             self._next_plan = now + self.PLAN_EVERY_S
         self.busy_s["plan"] += time.monotonic() - t1
-        self._launch(landed, now)
+        self._holds(now)
+        if not control.paused and self.outage_s is None:  # running tasks go on (held in an outage); nothing new starts
+            self._launch(landed, now)
         return False
+
+    @property
+    def ceiling(self) -> int:
+        return self.planner.max_concurrency
+
+    def _control(self, now: float) -> store.Control:
+        """The run's control state as its operators set it, read every pass: a new ceiling is planned under at once
+        (the target cut to it now, grown to it by this pass's planning), and attempts `retry` added are taken on."""
+        control = store.control(self.conn, self.plan.spec.run.name)
+        self.conn.commit()
+        self.paused, self.hold_calls = control.paused, control.hold_calls
+        ceiling = control.concurrency or self.plan.spec.backend.concurrency
+        if ceiling != self.planner.max_concurrency:
+            self.planner.max_concurrency = ceiling
+            self.target = min(self.target, ceiling)
+            self._next_plan = now
+        if control.retries > self.retries:
+            self.retries += take_retries(self.conn, self.plan)
+        return control
+
+    def _holds(self, now: float) -> None:
+        """Read the pool's outage breaker (shim/breaker.py): while it is open nothing is launched. While it is, or
+        the run's calls are held (`pause --hold-calls`, read by _control), the shims hold the running tasks' calls,
+        and a task's wall-time guard is moved on by that time."""
+        try:
+            self.outage_s = open_for_s(self.valkey, self.plan.spec.pool)
+        except Exception as e:  # noqa: BLE001 - Valkey unreachable: launching stops elsewhere if it matters
+            log.warning("could not read the pool's outage breaker: %s", type(e).__name__)
+            self.outage_s = None
+        holding = self.outage_s is not None or self.hold_calls
+        if holding and self._held_seen_at is not None:
+            self.held_total_s += now - self._held_seen_at
+        self._held_seen_at = now if holding else None
 
     def _refresh(self) -> dict[str, int]:
         """Bring `landed` up to date without rescanning the run: every row once, at the start; then, each pass,
@@ -355,7 +429,7 @@ class DriverLoop:
             items = [(r, self.res.job_uri(r), self.plan.task_images.get(r.instance_id)) for r in chunk]
             handles = self.launcher.launch_many(items)  # ECS: RunTask calls in parallel, up to the quota
             for ref, handle in zip(chunk, handles):
-                self.running[ref] = Running(handle=handle, started=now)
+                self.running[ref] = Running(handle=handle, started=now, held_at=self.held_total_s)
             t2 = time.monotonic()
             self.busy_s["job documents"] += t1 - t0
             self.busy_s["launch"] += t2 - t1
@@ -391,7 +465,7 @@ class DriverLoop:
                 t.exit_code = self.launcher.poll(t.handle)
                 if t.exit_code is not None:
                     t.exited_at = now
-                elif t.stopped_at is None and now - t.started > wall + STOP_GRACE_S:
+                elif t.stopped_at is None and now - t.started > wall + STOP_GRACE_S + self.held_total_s - t.held_at:
                     self.launcher.stop(t.handle)  # the task's own wall-time guard failed
                     t.stopped_at = now
                 elif t.stopped_at is not None and now - t.stopped_at > bound:
@@ -438,6 +512,8 @@ class DriverLoop:
         if t.result_sent:
             why = (f"lost_result: the task sent its result and exited (code {t.exit_code}), but no row landed"
                    f" within {bound:g} s")
+        elif reason := self.launcher.exit_reason(t.handle):  # e.g. oom_killed: its class, not the model's doing
+            why = f"{reason}: the task ended (code {t.exit_code}) without sending its result"
         else:
             why = f"task_died: exited with code {t.exit_code} without sending its result"
         try:
@@ -448,7 +524,29 @@ class DriverLoop:
             return
         log.warning("%s: landed from %s (%s)", ref.slug, "its S3 result copy" if how == "copy" else "what it left",
                     why)
+        if how == "lost" and why.startswith(SPOT_INTERRUPTED):
+            self._relaunch_once(ref)
         t.resolve_at = now + bound  # its row is in; should it somehow not be, the same again after the bound
+
+    def _relaunch_once(self, ref: AttemptRef) -> None:
+        """A Spot-interrupted attempt is relaunched as a new attempt of its slot (as `retry` does), within the run's
+        remaining budget; an attempt that is itself such a relaunch is not (its slot was interrupted twice)."""
+        from dispatcher.retry import pick
+
+        run, budget = self.plan.spec.run.name, self.plan.spec.budget
+        try:
+            mine = [a for a in store.current_attempts(self.conn, run)
+                    if (a["instance_id"], a["attempt"]) == (ref.instance_id, ref.attempt)]
+            if store.retry_reason(self.conn, ref) == SPOT_INTERRUPTED:
+                mine = []
+            picks, _ = pick(mine, {SPOT_INTERRUPTED}, budget.run_usd - store.spent_usd(self.conn, run),
+                            budget.attempt_usd)
+            for iid, attempt in store.add_retries(self.conn, run, picks):
+                log.warning("%s: relaunched as attempt %d (%s)", ref.slug, attempt, SPOT_INTERRUPTED)
+            self.conn.commit()
+        except psycopg.Error:
+            self.conn.rollback()
+            log.exception("could not relaunch %s (`retry --status %s` does)", ref.slug, SPOT_INTERRUPTED)
 
     def _land_unreported(self, ref: AttemptRef, lost) -> str | None:
         """ResultsWriter.land_unreported, then `landed` learns the row at once (no relaunch in this pass)."""
@@ -544,15 +642,10 @@ class DriverLoop:
     def _resize(self, landed: dict) -> None:
         state = ray.get(self.pacer.tick.remote())
         self.limits = state["limits"]
-        obs = observe(self.conn, self.plan.spec.pool)
+        obs = self.observed = observe(self.conn, self.plan.spec.pool)
         remaining = len(self.plan.refs) - sum(self.counts.values())
         active = sum(1 for t in self.running.values() if t.exit_code is None)
         self.target = self.planner.target(self.limits, obs, remaining, max(active, self.target))
-
-    def _cancelled(self) -> bool:
-        row = self.conn.execute("SELECT status FROM runs WHERE run = %s", (self.plan.spec.run.name,)).fetchone()
-        self.conn.commit()
-        return row is not None and row[0] == "cancelled"
 
     def _cancel(self, landed: dict) -> None:
         """Stop running tasks (they land as cancelled) and land every attempt never launched as cancelled."""
@@ -570,24 +663,64 @@ class DriverLoop:
             self.cancel_sent.add(ref)
 
 
+def take_retries(conn: psycopg.Connection, plan: Plan) -> int:
+    """Append to the plan the attempts `retry` added to its run that it does not have yet; returns how many."""
+    run, known = plan.spec.run.name, set(plan.refs)
+    new = [ref for ref in (AttemptRef(run=run, instance_id=i, attempt=a) for i, a in store.retried(conn, run))
+           if ref not in known]
+    conn.commit()
+    plan.refs += new
+    return len(new)
+
+
+def carry_run_spend(valkey, run: str, spent_usd: float) -> None:
+    """A run driven again after its end (`retry`) finds its budget key gone with its other keys: the shims' run cap
+    starts from what the run's rows say it spent, not from zero. A key still there (a resumed driver) is kept."""
+    key = keys.run_budget(run)
+    if valkey.hsetnx(key, "spent", round(spent_usd * 1_000_000)):
+        valkey.expire(key, KEY_TTL_S)
+
+
 def remove_run_keys(valkey, run: str) -> int:
-    """The run's Valkey keys (progress, budgets) go with the run; pool keys stay (pools outlive runs)."""
-    n = 0
+    """The run's Valkey keys (progress, budgets, its call hold) go with the run; pool keys stay (pools outlive
+    runs)."""
+    n = valkey.delete(keys.run_hold(run))
     for key in valkey.scan_iter(match=f"ep:run:{{{run}}}:*", count=1000):
         n += valkey.delete(key)
     return n
 
 
+def _agent_port_of_its_own() -> None:
+    """ray.init cannot choose its dashboard agent's port (a fixed 52365; ray-project/ray#14763, #37229): a second
+    local cluster on the host (another run, another test session) would fail to start. RayParams gets a free one."""
+    from ray._private import parameter
+
+    init = parameter.RayParams.__init__
+    if getattr(init, "free_agent_port", False):
+        return
+
+    def with_free_agent_port(self, *args, **kwargs):
+        kwargs.setdefault("dashboard_agent_listen_port", free_port())
+        init(self, *args, **kwargs)
+
+    with_free_agent_port.free_agent_port = True
+    parameter.RayParams.__init__ = with_free_agent_port
+
+
 def ray_init(dashboard: bool, aws_env: dict[str, str]) -> None:
     if ray.is_initialized():
         return
+    _agent_port_of_its_own()
+    # the raylet waits this long (30 s by default) for that agent, which a loaded host takes longer to start
+    os.environ.setdefault("RAY_raylet_start_wait_time_s", "300")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     address = os.environ.get("RAY_ADDRESS")
     # A local cluster's files (its logs record the runtime_env, credentials included) under a 0700 folder of ours:
     # Ray's default /tmp/ray, and any folder it makes itself, are open to every user of the host (the agent's too)
     temp_dir = None if address else os.path.join(tempfile.mkdtemp(prefix="evalplane-ray-"), "ray")
     ray.init(
-        address=address or None,
+        # "local" starts a cluster of this run's own: without it Ray attaches to any cluster it finds on the host
+        address=address or "local",
         _temp_dir=temp_dir,
         num_cpus=None if address else 2,
         include_dashboard=dashboard,

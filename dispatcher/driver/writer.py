@@ -121,12 +121,14 @@ class Incoming:
 _ATTEMPT_COLUMNS = (
     "run", "instance_id", "attempt", "harness", "pool", "model", "outcome", "status", "patch_uri", "patch_bytes",
     "trajectory_uri", "calls", "input_tokens", "cached_tokens", "cache_write_tokens", "output_tokens", "cost_usd",
-    "wall_time_s", "started_at", "ended_at", "error",
+    "wall_time_s", "started_at", "ended_at", "error", "task_cpu", "task_memory_mib", "task_memory_limit_mib",
+    "task_cpu_s", "task_memory_peak_bytes", "task_wall_s", "usage_source",
 )
 
 
 _ATTEMPT_TYPES = ("text", "text", "int", "text", "text", "text", "text", "text", "text", "int", "text", "int", "bigint",
-                  "bigint", "bigint", "bigint", "numeric", "float8", "timestamptz", "timestamptz", "text")
+                  "bigint", "bigint", "bigint", "numeric", "float8", "timestamptz", "timestamptz", "text", "float8", "int",
+                  "int", "float8", "bigint", "float8", "text")
 # One statement per batch, one JSON parameter: the attempt rows (DISTINCT ON drops a repeat inside the batch), and
 # a harness phase row for each attempt row that is new (RETURNING tells: a redelivery returns nothing).
 _INSERT_ATTEMPTS = f"""
@@ -147,6 +149,11 @@ WITH src AS (
 )
 SELECT run, instance_id, attempt, status FROM new
 """
+
+
+def verdict_status(outcome: EvalOutcome) -> AttemptStatus:
+    """The attempt status a grading outcome lands as (apply failures, timeouts and errors are EVAL_ERROR)."""
+    return _VERDICT_STATUS.get(outcome, AttemptStatus.EVAL_ERROR)
 
 
 VERDICT_LOST = "verdict_lost"  # the infra_failure_reason of an attempt whose verdict never came
@@ -255,7 +262,7 @@ class ResultsWriter:
                 status = AttemptStatus.INFRA_ERROR  # never graded, never an empty patch: not the model's doing
             else:
                 status = AttemptStatus.PATCH_READY if r.patch_bytes > 0 else AttemptStatus.EMPTY_PATCH
-            t = r.totals
+            t, res, use = r.totals, r.resources, r.usage
             rows.append({
                 "run": r.ref.run, "instance_id": r.ref.instance_id, "attempt": r.ref.attempt, "harness": r.harness,
                 "pool": r.pool, "model": r.model, "outcome": r.outcome.value, "status": status.value,
@@ -264,6 +271,10 @@ class ResultsWriter:
                 "cache_write_tokens": t.cache_write_tokens, "output_tokens": t.output_tokens, "cost_usd": t.cost_usd,
                 "wall_time_s": (r.ended_at - r.started_at).total_seconds(), "started_at": r.started_at.isoformat(),
                 "ended_at": r.ended_at.isoformat(), "error": r.error,
+                "task_cpu": res and res.cpu, "task_memory_mib": res and res.memory_mib,
+                "task_memory_limit_mib": res and res.memory_limit_mib, "task_cpu_s": use and use.cpu_s,
+                "task_memory_peak_bytes": use and use.memory_peak_bytes, "task_wall_s": use and use.wall_s,
+                "usage_source": use and use.source,
                 "detail": {"ledger_calls": r.ledger_calls, "error": r.error},
             })
         cur.execute(_INSERT_ATTEMPTS, (Json(rows),))
@@ -288,12 +299,14 @@ class ResultsWriter:
         return landed
 
     def _land_verdict(self, cur, v: Verdict) -> bool:
-        status = _VERDICT_STATUS.get(v.outcome, AttemptStatus.EVAL_ERROR)
+        status = verdict_status(v.outcome)
         cur.execute(
-            """UPDATE attempts SET status = %s, eval_outcome = %s, resolved = %s, report = %s, tamper_flags = %s
+            """UPDATE attempts SET status = %s, eval_outcome = %s, resolved = %s, report = %s, tamper_flags = %s,
+                      grading_wall_s = %s, grading_cpu_s = %s
                WHERE run = %s AND instance_id = %s AND attempt = %s AND status = 'PATCH_READY'""",
             (status.value, v.outcome.value, v.resolved, Jsonb(v.report),
-             Jsonb([f.model_dump() for f in v.tamper_flags]), v.ref.run, v.ref.instance_id, v.ref.attempt),
+             Jsonb([f.model_dump() for f in v.tamper_flags]), (v.ended_at - v.started_at).total_seconds(),
+             v.grading_cpu_s, v.ref.run, v.ref.instance_id, v.ref.attempt),
         )
         if not cur.rowcount:
             return False

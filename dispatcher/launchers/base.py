@@ -89,6 +89,12 @@ class Launcher(ABC):
     def stop(self, handle: TaskHandle) -> None:
         """Stop a task (cancel, or the wall-time guard)."""
 
+    def exit_reason(self, handle: TaskHandle) -> str | None:
+        """Once poll() has seen the task end: the infrastructure failure class that ended it, where the launcher knows
+        one (contract.models.OOM_KILLED: killed for memory; SPOT_INTERRUPTED: its Spot capacity taken back), else
+        None."""
+        return None
+
     def find_running(self, run: str) -> list[TaskHandle]:
         """The run's tasks still alive, found again after a dispatcher restart ([] where not possible)."""
         return []

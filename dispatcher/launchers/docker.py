@@ -17,7 +17,7 @@ import docker
 import docker.errors
 
 from contract import task_shape
-from contract.models import AttemptRef
+from contract.models import OOM_KILLED, AttemptRef, TaskResources
 from dispatcher.launchers.base import (
     AttemptEnv,
     LaunchContext,
@@ -47,26 +47,33 @@ class DockerLauncher(Launcher):
         endpoints = sorted({v for k, v in ctx.aws_env.items() if k.startswith("AWS_ENDPOINT_URL")})
         env = ctx.aws_env | ctx.valkey_user | {
             task_shape.UPSTREAM_KEY_ENV: ctx.upstream_key, "EVALPLANE_STATE_DIR": task_shape.STATE_DIR,
-            ISOLATE_ENV: "1" if ctx.plan.spec.backend.isolate_agent else "0"}
+            ISOLATE_ENV: "1" if ctx.plan.spec.backend.isolate_agent else "0",
+            task_shape.OWN_CGROUP_ENV: "1"}
         # EVALPLANE_TASK_NETWORK: another network (and egress) than the default, for runs sharing one engine at once
         network = os.environ.get("EVALPLANE_TASK_NETWORK", "evalplane-tasks")
         return cls(env, [ctx.upstream_url, ctx.valkey_url, *endpoints], log_dir=ctx.run_dir / "tasks",
-                   attempt_env=ctx.attempt_env, network=network)
+                   attempt_env=ctx.attempt_env, network=network, resources=ctx.plan.spec.backend.resources)
 
     def __init__(self, env: dict[str, str], allowed: Sequence[str], *, egress_image: str = EGRESS_IMAGE,
                  network: str = "evalplane-tasks", log_dir: Path | None = None,
-                 mem_limit: str | None = "4g", nano_cpus: int | None = None,
+                 resources: TaskResources | None = None,
                  client: docker.DockerClient | None = None, attempt_env: AttemptEnv = no_attempt_env):
         """allowed: the endpoints tasks may reach (URLs or host:port): the upstream gateway, the S3/SQS
         endpoint, Valkey. env values that name an allowed endpoint are rewritten to its egress address.
-        attempt_env(ref): what one attempt's container gets besides env (its attempt key)."""
+        attempt_env(ref): what one attempt's container gets besides env (its attempt key). resources: each
+        container's CPUs, guaranteed memory (mem_reservation) and kill threshold (mem_limit); default the spec's."""
         self.attempt_env = attempt_env
         self.client = client or docker.from_env()
         self.log_dir = log_dir
-        self.mem_limit, self.nano_cpus = mem_limit, nano_cpus
+        if resources is None:  # the spec's defaults
+            from dispatcher.spec import BackendSpec
+
+            resources = BackendSpec().resources
+        self.resources = resources
         self.egress = Egress(self.client, network, list(allowed), egress_image).up()
         self.env = {k: self._rewrite(v) for k, v in env.items()}
         self._exited: dict[str, int] = {}
+        self._oom: set[str] = set()  # containers the engine saw killed for memory (State.OOMKilled)
         self.meter = LaunchMeter()
 
     def task_url(self, url: str) -> str:
@@ -94,7 +101,10 @@ class DockerLauncher(Launcher):
             c = self.client.containers.run(
                 image, [job_uri], name=name, detach=True, network=self.egress.name, environment=self.env | self.attempt_env(ref),
                 labels={L_ROLE: "task", L_RUN: ref.run, L_INSTANCE: ref.instance_id, L_ATTEMPT: str(ref.attempt)},
-                mem_limit=self.mem_limit, nano_cpus=self.nano_cpus, init=True,
+                nano_cpus=int(self.resources.cpu * 1e9), mem_limit=f"{self.resources.memory_limit_mib}m",
+                mem_reservation=f"{self.resources.memory_mib}m",
+                memswap_limit=f"{self.resources.memory_limit_mib}m",  # no swap past the limit: it is the limit
+                init=True,
                 user="0:0",  # the task runner: root, so that it can run the harness as the agent (harness/sandbox.py)
             )
         return TaskHandle(ref=ref, task_id=c.id)
@@ -111,6 +121,8 @@ class DockerLauncher(Launcher):
         if c.status not in ("exited", "dead"):
             return None
         code = int(c.attrs["State"]["ExitCode"])
+        if c.attrs["State"].get("OOMKilled"):
+            self._oom.add(handle.task_id)
         if self.log_dir is not None:
             log = self.log_dir / f"{handle.ref.instance_id}.{handle.ref.attempt}.task.log"
             log.parent.mkdir(parents=True, exist_ok=True)
@@ -118,6 +130,9 @@ class DockerLauncher(Launcher):
         c.remove(force=True)
         self._exited[handle.task_id] = code
         return code
+
+    def exit_reason(self, handle: TaskHandle) -> str | None:
+        return OOM_KILLED if handle.task_id in self._oom else None
 
     def stop(self, handle: TaskHandle) -> None:
         try:

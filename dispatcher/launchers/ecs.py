@@ -33,7 +33,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from contract import task_shape
-from contract.models import AttemptRef
+from contract.models import OOM_KILLED, SPOT_INTERRUPTED, AttemptRef, TaskResources
 from dispatcher.backends.stack_outputs import StackOutputs
 from dispatcher.launchers.base import (
     AttemptEnv,
@@ -73,6 +73,13 @@ class EcsTarget:
     launch_type: str = "FARGATE"
     subnets: tuple[str, ...] = ()
     security_groups: tuple[str, ...] = ()
+    capacity: tuple[tuple[str, int], ...] = ()  # (capacity provider, weight): RunTask's strategy instead of a type
+
+    def placement(self) -> dict[str, Any]:
+        """launchType, or the capacity provider strategy (RunTask takes one of the two)."""
+        if not self.capacity:
+            return {"launchType": self.launch_type}
+        return {"capacityProviderStrategy": [{"capacityProvider": p, "weight": w} for p, w in self.capacity]}
 
     def network(self) -> dict[str, Any]:
         if not self.subnets:
@@ -102,6 +109,58 @@ def exit_code(task: dict, container: str) -> int | None:
     return -1
 
 
+# Fargate's task sizes: CPU units -> (smallest memory MiB, largest, step)
+FARGATE_SIZES = {256: (512, 2048, None), 512: (1024, 4096, 1024), 1024: (2048, 8192, 1024),
+                 2048: (4096, 16384, 1024), 4096: (8192, 30720, 1024), 8192: (16384, 61440, 4096),
+                 16384: (32768, 122880, 8192)}
+
+
+def fargate_size_problem(res: TaskResources) -> str | None:
+    """Why Fargate cannot size a task so (its CPU and its memory limit, the task's size), naming the field."""
+    units = round(res.cpu * 1024)
+    if units not in FARGATE_SIZES:
+        return (f"backend.task_cpu: Fargate runs tasks of {', '.join(f'{u / 1024:g}' for u in FARGATE_SIZES)} vCPUs,"
+                f" not {res.cpu:g}")
+    lo, hi, step = FARGATE_SIZES[units]
+    mem = res.memory_limit_mib
+    ok = lo <= mem <= hi and (mem in (512, 1024, 2048) if step is None else mem % step == 0)
+    if not ok:
+        return (f"backend.task_memory_limit: a Fargate task of {res.cpu:g} vCPU is sized {lo}-{hi} MiB"
+                f"{'' if step is None else f' in steps of {step}'} (its size is the memory limit: {mem} MiB)")
+    return None
+
+
+def sized(res: TaskResources | None, container: str, rest: dict[str, Any]) -> dict[str, Any]:
+    """RunTask overrides for a task of these resources: the task's size (cpu, memory: what Fargate bills), and its
+    container's guarantee (memoryReservation) and kill threshold (memory)."""
+    if res is None:
+        return {"containerOverrides": [{"name": container, **rest}]}
+    return {"cpu": str(round(res.cpu * 1024)), "memory": str(res.memory_limit_mib),
+            "containerOverrides": [{"name": container, "cpu": round(res.cpu * 1024),
+                                    "memory": res.memory_limit_mib, "memoryReservation": res.memory_mib, **rest}]}
+
+
+def spot_strategy(share: float) -> tuple[tuple[str, int], ...]:
+    """The capacity provider strategy that puts `share` of the tasks on Fargate Spot (none: launchType FARGATE)."""
+    spot = round(share * 100)
+    return tuple((p, w) for p, w in (("FARGATE_SPOT", spot), ("FARGATE", 100 - spot)) if w) if spot else ()
+
+
+SPOT_STOP_CODE, SPOT_STOP_REASON = "SpotInterruption", "Your Spot Task was interrupted"  # what ECS records
+
+
+def stop_reason(task: dict, container: str) -> str | None:
+    """The infrastructure failure class of a stopped task, where ECS says one: OutOfMemoryError -> oom_killed, a
+    Spot interruption (its stop code, or its stopped reason) -> spot_interrupted."""
+    reasons = [task.get("stoppedReason") or ""] + [c.get("reason") or "" for c in task.get("containers", [])
+                                                   if c.get("name") == container]
+    if any("OutOfMemoryError" in r for r in reasons):
+        return OOM_KILLED
+    if task.get("stopCode") == SPOT_STOP_CODE or SPOT_STOP_REASON in reasons[0]:
+        return SPOT_INTERRUPTED
+    return None
+
+
 @dataclass
 class _Pending:
     handle: TaskHandle
@@ -129,8 +188,14 @@ class EcsLauncher(Launcher):
         tasks from Secrets Manager through their task definition; the attempt key rides in each RunTask's
         environment override."""
         spec = ctx.plan.spec
-        return cls.from_stack_outputs(ctx.backend.outputs, launch_rate_per_s=spec.backend.launch_rate_per_s,
-                                      launch_burst=spec.backend.launch_burst, attempt_env=ctx.attempt_env)
+        return cls.from_stack_outputs(ctx.backend.outputs, spec.backend.spot,
+                                      launch_rate_per_s=spec.backend.launch_rate_per_s,
+                                      launch_burst=spec.backend.launch_burst, attempt_env=ctx.attempt_env,
+                                      resources=spec.backend.resources)
+
+    @classmethod
+    def problem(cls, spec) -> str | None:
+        return fargate_size_problem(spec.backend.resources)
 
     def __init__(self, harness: EcsTarget, eval_workers: EcsTarget | None = None, *, client=None,
                  region: str | None = None, deadline_tag: str | None = None, deadline: datetime | None = None,
@@ -138,13 +203,16 @@ class EcsLauncher(Launcher):
                  max_throttle_tries: int = 10, launch_workers: int = 8, sleep: Callable[[float], None] = time.sleep,
                  revision_cache: RevisionCache | None = None, register_rate_per_s: float = 1.0,
                  register_burst: int = 5, launch_rate_per_s: float = FARGATE_LAUNCH_RATE_PER_S,
-                 launch_burst: int = FARGATE_LAUNCH_BURST, attempt_env: AttemptEnv = no_attempt_env):
+                 launch_burst: int = FARGATE_LAUNCH_BURST, attempt_env: AttemptEnv = no_attempt_env,
+                 resources: TaskResources | None = None):
         """revision_cache: where task-image revisions are shared between dispatchers (default: the
         `task_definitions` table in DATABASE_URL); register_rate_per_s, register_burst: the pace of
         RegisterTaskDefinition calls; launch_rate_per_s, launch_burst: the account's task launch quota RunTask is
         paced to (tasks a second, and the burst); attempt_env(ref): the environment one attempt's task gets in its
-        RunTask override (its attempt key; its other secrets come from the task definition)."""
+        RunTask override (its attempt key; its other secrets come from the task definition); resources: each task's
+        size and its container's memory guarantee and limit, as RunTask overrides (None: the task definition's)."""
         self.attempt_env = attempt_env
+        self.resources = resources
         self.harness, self.eval = harness, eval_workers
         self.ecs = client or boto3.client("ecs", region_name=region, config=Config(
             retries={"mode": "adaptive", "max_attempts": 5}, max_pool_connections=max(10, launch_workers * 2)))
@@ -157,6 +225,7 @@ class EcsLauncher(Launcher):
         self._pending: dict[AttemptRef, _Pending] = {}
         self._live: set[str] = set()  # task ARNs not yet seen STOPPED
         self._codes: dict[str, int] = {}  # ARN -> exit code, once STOPPED
+        self._reasons: dict[str, str] = {}  # ARN -> the infrastructure failure class ECS gave for its stop
         self._cancelled: set[AttemptRef] = set()
         self._refreshed = 0.0
         self.eval_deficit = _EvalDeficit()
@@ -169,9 +238,10 @@ class EcsLauncher(Launcher):
         self.meter = LaunchMeter()
 
     @classmethod
-    def from_stack_outputs(cls, out: StackOutputs, **kw) -> EcsLauncher:
+    def from_stack_outputs(cls, out: StackOutputs, spot: float = 0.0, **kw) -> EcsLauncher:
+        """spot: the share of harness tasks on Fargate Spot (the estate's cluster has both capacity providers)."""
         harness = EcsTarget(out.cluster_arn, out.harness_task_definition_arn, task_shape.CONTAINER, "FARGATE",
-                            tuple(out.harness_subnet_ids), (out.harness_security_group_id,))
+                            tuple(out.harness_subnet_ids), (out.harness_security_group_id,), spot_strategy(spot))
         eval_workers = EcsTarget(out.eval_cluster_arn, out.eval_task_definition_arn, "eval-worker", "EC2")
         kw.setdefault("region", out.region)
         return cls(harness, eval_workers, deadline_tag=out.deadline_tag, **kw)
@@ -231,10 +301,10 @@ class EcsLauncher(Launcher):
         with self.meter.timed():
             resp = self._call(
                 "run_task", cluster=self.harness.cluster, taskDefinition=p.task_definition, count=1,
-                launchType=self.harness.launch_type, startedBy=started_by(ref.run),
+                **self.harness.placement(), startedBy=started_by(ref.run),
                 group=f"evalplane:{ref.run}"[:255],
-                overrides={"containerOverrides": [{"name": self.harness.container, "command": [p.job_uri],
-                                                   **_environment(self.attempt_env(ref))}]},
+                overrides=sized(self.resources, self.harness.container,
+                                {"command": [p.job_uri], **_environment(self.attempt_env(ref))}),
                 tags=self._tags("harness", ref), **self.harness.network(),
             )
         tasks = resp.get("tasks", [])
@@ -292,11 +362,16 @@ class EcsLauncher(Launcher):
                 code = exit_code(t, self.harness.container)
                 if code is not None:
                     self._codes[t["taskArn"]] = code
+                    if reason := stop_reason(t, self.harness.container):
+                        self._reasons[t["taskArn"]] = reason
                     self._live.discard(t["taskArn"])
             for f in resp.get("failures", []):  # MISSING: the task is gone (long stopped)
                 if f.get("arn") in self._live and f.get("reason") == "MISSING":
                     self._codes[f["arn"]] = -1
                     self._live.discard(f["arn"])
+
+    def exit_reason(self, handle: TaskHandle) -> str | None:
+        return self._reasons.get(handle.task_id)
 
     def stop(self, handle: TaskHandle) -> None:
         if handle.task_id == PENDING:

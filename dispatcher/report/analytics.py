@@ -64,9 +64,15 @@ def print_summary(console: Console, report: Report, files: ReportFiles) -> None:
         row(f"pass@{k} [95% CI]", lambda f, k=k: next(
             (f"{p.estimate.value:.3f} [{p.estimate.lo:.3f}, {p.estimate.hi:.3f}]" for p in f.pass_at if p.k == k),
             "–"))
-    row("cost total (ledger)", lambda f: html.usd(f.cost.total_usd))
-    row("per attempt / instance", lambda f: f"{html.usd(f.cost.per_attempt_usd)} / {html.usd(f.cost.per_instance_usd)}")
-    row("per resolved instance", lambda f: html.usd(f.cost.per_resolved_instance_usd))
+    row("task resources", lambda f: "; ".join(f.resources))
+    row("tokens cost (ledger)", lambda f: html.usd(f.cost.total_usd))
+    row("compute cost (tasks, grading)", lambda f: html.usd(f.cost.compute.total_usd))
+    row("total cost", lambda f: html.usd(f.cost.combined.total_usd))
+    for label, key in (("attempt", "per_attempt_usd"), ("instance", "per_instance_usd"),
+                       ("resolved instance", "per_resolved_instance_usd")):
+        row(f"per {label}: tokens / compute / total", lambda f, key=key: " / ".join(
+            html.usd(getattr(x, key)) for x in (f.cost, f.cost.compute, f.cost.combined)))
+    row("task cpu s / wall s (summed)", lambda f: f"{html.secs(f.time.task_cpu_s)} / {html.secs(f.time.task_wall_s)}")
     row("tokens in/cached/out", lambda f: f"{f.tokens.input_tokens}/{f.tokens.cached_tokens}/{f.tokens.output_tokens}")
     row("cache-hit rate", lambda f: html.pct(f.tokens.cache_hit_rate))
     row("calls (retries)", lambda f: f"{f.calls.calls} ({f.calls.retries})")

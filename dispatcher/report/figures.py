@@ -14,6 +14,7 @@ from decimal import Decimal
 import psycopg
 from pydantic import BaseModel
 
+from contract import compute_prices
 from dispatcher.report.stats import PassAtK, pass_at_ks
 
 SCORED = ("RESOLVED", "UNRESOLVED", "EMPTY_PATCH", "EVAL_ERROR")
@@ -39,6 +40,43 @@ class AttemptFigures(BaseModel):
     started_at: datetime | None
     ended_at: datetime | None
     tamper_flags: list[dict] = []  # eval_worker.tamper: [{"rule", "files"}], beside the official status
+    slot: int = 0  # the attempt number it counts under (a retry's: the one it relaunched); 0: its own
+    superseded: bool = False  # a retry of its slot landed: kept and shown, not counted
+    # the task's resources as recorded, what its container counted, and its grading (None: not recorded)
+    task_cpu: float | None = None
+    task_memory_mib: int | None = None
+    task_memory_limit_mib: int | None = None
+    task_cpu_s: float | None = None
+    task_memory_peak_bytes: int | None = None
+    task_wall_s: float | None = None
+    grading_wall_s: float | None = None
+    grading_cpu_s: float | None = None
+    compute_usd: Decimal = Decimal(0)  # the recorded figures x the compute price table (contract.compute_prices)
+
+    @property
+    def total_usd(self) -> Decimal:
+        return self.cost_usd + self.compute_usd
+
+
+ATTEMPT_COMPUTE = ("task_cpu", "task_memory_mib", "task_memory_limit_mib", "task_cpu_s", "task_memory_peak_bytes",
+                   "task_wall_s", "grading_wall_s", "grading_cpu_s")
+
+
+def usd_of(value: float | None) -> Decimal:
+    return Decimal(0) if value is None else Decimal(str(round(value, 9)))
+
+
+def compute_usd(row: dict) -> Decimal:
+    """An attempt row's compute cost: its recorded figures x the price table."""
+    return usd_of(compute_prices.load().attempt(row).total_usd)
+
+
+def resources_text(cpu: float | None, memory_mib: int | None, limit_mib: int | None) -> str:
+    """`1 vCPU, 4096 MiB (limit 6144 MiB)`, as recorded ("–" where not)."""
+    if cpu is None:
+        return "–"
+    limit = f" (limit {limit_mib} MiB)" if limit_mib and limit_mib != memory_mib else ""
+    return f"{cpu:g} vCPU, {memory_mib} MiB{limit}"
 
 
 class InstanceFigures(BaseModel):
@@ -48,13 +86,39 @@ class InstanceFigures(BaseModel):
     resolved: int
     statuses: list[str]  # by attempt number
     cost_usd: Decimal
+    compute_usd: Decimal = Decimal(0)
 
 
-class CostFigures(BaseModel):
-    total_usd: Decimal  # every call of the run in the ledger
+class CostLine(BaseModel):
+    total_usd: Decimal
     per_attempt_usd: Decimal | None  # total / attempts landed
     per_instance_usd: Decimal | None  # total / instances
     per_resolved_instance_usd: Decimal | None  # total / instances resolved by at least one attempt
+
+    @classmethod
+    def of(cls, total: Decimal, attempts: int, instances: int, resolved_instances: int) -> CostLine:
+        return cls(total_usd=total, per_attempt_usd=_div(total, attempts), per_instance_usd=_div(total, instances),
+                   per_resolved_instance_usd=_div(total, resolved_instances))
+
+
+class CostFigures(CostLine):
+    """Tokens (the ledger: every call of the run) in the top-level fields; compute (tasks and gradings, priced from
+    their recorded figures) and the two together beside them."""
+
+    compute: CostLine
+    combined: CostLine
+    compute_prices: str  # the price table's sources and dates
+
+
+def cost_figures(tokens: Decimal, compute: Decimal, attempts: int, instances: int, resolved: int) -> CostFigures:
+    """Tokens, compute and their total, per attempt, instance and resolved instance (the report, the results table)."""
+    p = compute_prices.load()
+    basis = (f"tasks: Fargate {p.task.capacity} ${p.task.vcpu_hour}/vCPU-h, ${p.task.gb_hour}/GB-h ({p.task.date});"
+             f" grading: {p.grading.instance_type} ${p.grading.instance_hour}/h shared by {p.grading.gradings_per_instance}"
+             f" gradings ({p.grading.date}); {compute_prices.price_file().name}")
+    return CostFigures(**CostLine.of(tokens, attempts, instances, resolved).model_dump(),
+                       compute=CostLine.of(compute, attempts, instances, resolved),
+                       combined=CostLine.of(tokens + compute, attempts, instances, resolved), compute_prices=basis)
 
 
 class TokenFigures(BaseModel):
@@ -86,6 +150,8 @@ class TimeFigures(BaseModel):
     agent_s: float  # the rest of the harness phases: tools, the agent itself, setup
     grading_queue_s: float  # enqueued for grading to grading started
     grading_s: float
+    task_cpu_s: float | None = None  # what the tasks' containers counted, summed (None: none recorded)
+    task_wall_s: float | None = None
 
 
 class RunFigures(BaseModel):
@@ -102,6 +168,7 @@ class RunFigures(BaseModel):
     landed: int
     instances: int
     statuses: dict[str, int]
+    resources: list[str]  # the task resources its attempts recorded (one entry per distinct setting)
     scored: int
     resolved: int
     resolved_instances: int
@@ -120,8 +187,8 @@ class RunFigures(BaseModel):
     def first_scored(self) -> dict[str, bool]:
         """instance -> whether its first scored attempt resolved it (McNemar's pairs)."""
         out: dict[str, bool] = {}
-        for a in sorted(self.attempts, key=lambda a: (a.instance_id, a.attempt)):
-            if a.status in SCORED and a.instance_id not in out:
+        for a in sorted(self.attempts, key=lambda a: (a.instance_id, a.slot or a.attempt)):
+            if a.status in SCORED and a.instance_id not in out and not a.superseded:
                 out[a.instance_id] = a.status == "RESOLVED"
         return out
 
@@ -133,6 +200,11 @@ class Series:
     call_end: list[datetime]  # when each call ended, in order
     call_cost: list[Decimal]
     spans: list[tuple[datetime, datetime]]  # each attempt's harness phase
+
+
+def _summed(values) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
 
 
 def _div(total: Decimal, n: int) -> Decimal | None:
@@ -155,14 +227,18 @@ def load(conn: psycopg.Connection, run: str) -> tuple[RunFigures, Series]:
                   sum(pacer_wait_ms), sum(latency_ms)
            FROM calls WHERE run = %s GROUP BY instance_id, attempt""", (run,))}
     attempts = []
-    for iid, n, status, outcome, wall, started, ended, flags in conn.execute(
-            """SELECT instance_id, attempt, status, outcome, wall_time_s, started_at, ended_at, tamper_flags
-               FROM attempts WHERE run = %s ORDER BY instance_id, attempt""", (run,)):
-        calls, i, c, w, o, cost, *_ = ledger.get((iid, n), (0, 0, 0, 0, 0, Decimal(0)))
-        attempts.append(AttemptFigures(instance_id=iid, attempt=n, status=status, outcome=outcome, calls=calls,
-                                       input_tokens=i, cached_tokens=c, cache_write_tokens=w, output_tokens=o,
-                                       cost_usd=cost, wall_time_s=wall, started_at=started, ended_at=ended,
-                                       tamper_flags=flags or []))
+    cur = conn.execute(
+        f"""SELECT instance_id, attempt, v.slot, v.superseded, v.status, outcome, wall_time_s, started_at, ended_at,
+                   tamper_flags, {", ".join(ATTEMPT_COMPUTE)}
+            FROM attempts a JOIN attempt_verdicts v USING (run, instance_id, attempt)
+            WHERE run = %s ORDER BY instance_id, attempt""", (run,))
+    names = [d.name for d in cur.description]
+    for values in cur:
+        a = dict(zip(names, values))
+        calls, i, c, w, o, cost, *_ = ledger.get((a["instance_id"], a["attempt"]), (0, 0, 0, 0, 0, Decimal(0)))
+        attempts.append(AttemptFigures(**a | {"tamper_flags": a["tamper_flags"] or []}, calls=calls, input_tokens=i,
+                                       cached_tokens=c, cache_write_tokens=w, output_tokens=o, cost_usd=cost,
+                                       compute_usd=compute_usd(a)))
 
     sums = [sum((v[j] for v in ledger.values()), start=Decimal(0) if j == 5 else 0) for j in range(10)]
     n_calls, t_in, t_cached, t_write, t_out, total, retries, retried, wait_ms, latency_ms = sums
@@ -171,15 +247,17 @@ def load(conn: psycopg.Connection, run: str) -> tuple[RunFigures, Series]:
         "SELECT percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY latency_ms) FROM calls WHERE run = %s",
         (run,)).fetchone()[0] or (None, None, None)
 
-    per_instance: dict[str, list[AttemptFigures]] = {}
-    for a in attempts:
+    per_instance: dict[str, list[AttemptFigures]] = {}  # pass@k and the statuses count slots, not retries
+    counted = [a for a in attempts if not a.superseded]
+    for a in counted:
         per_instance.setdefault(a.instance_id, []).append(a)
     instances = [InstanceFigures(instance_id=iid, attempts=len(ats), scored=sum(a.status in SCORED for a in ats),
                                  resolved=sum(a.status == "RESOLVED" for a in ats), statuses=[a.status for a in ats],
-                                 cost_usd=sum((a.cost_usd for a in ats), start=Decimal(0)))
+                                 cost_usd=sum((a.cost_usd for a in ats), start=Decimal(0)),
+                                 compute_usd=sum((a.compute_usd for a in ats), start=Decimal(0)))
                  for iid, ats in sorted(per_instance.items())]
     statuses: dict[str, int] = {}
-    for a in attempts:
+    for a in counted:
         statuses[a.status] = statuses.get(a.status, 0) + 1
     resolved_instances = sum(1 for i in instances if i.resolved)
     prompt = t_in + t_cached + t_write
@@ -198,11 +276,11 @@ def load(conn: psycopg.Connection, run: str) -> tuple[RunFigures, Series]:
         pool=model.get("pool") or f"{model.get('model', '')}@{harness}", backend=backend,
         run_cap_usd=Decimal(str(cap)) if cap is not None else None, created_at=created_at, finished_at=finished_at,
         planned=planned, landed=len(attempts), instances=len(instances), statuses=statuses,
+        resources=sorted({resources_text(a.task_cpu, a.task_memory_mib, a.task_memory_limit_mib) for a in attempts}),
         scored=sum(i.scored for i in instances), resolved=sum(i.resolved for i in instances),
         resolved_instances=resolved_instances,
-        cost=CostFigures(total_usd=total, per_attempt_usd=_div(total, len(attempts)),
-                         per_instance_usd=_div(total, len(instances)),
-                         per_resolved_instance_usd=_div(total, resolved_instances)),
+        cost=cost_figures(total, sum((a.compute_usd for a in attempts), start=Decimal(0)), len(attempts),
+                          len(instances), resolved_instances),
         tokens=TokenFigures(input_tokens=t_in, cached_tokens=t_cached, cache_write_tokens=t_write,
                             output_tokens=t_out, cache_hit_rate=t_cached / prompt if prompt else None),
         calls=CallFigures(calls=n_calls, by_outcome=by_outcome, retries=retries, calls_retried=retried,
@@ -211,7 +289,8 @@ def load(conn: psycopg.Connection, run: str) -> tuple[RunFigures, Series]:
         time=TimeFigures(wall_clock_s=(max(ends) - min(starts)).total_seconds() if starts and ends else None,
                          harness_s=harness_s, model_s=model_s, pacer_wait_s=float(wait_ms) / 1000,
                          agent_s=max(0.0, harness_s - float(latency_ms) / 1000), grading_queue_s=queue_s,
-                         grading_s=grading_s),
+                         grading_s=grading_s, task_cpu_s=_summed(a.task_cpu_s for a in attempts),
+                         task_wall_s=_summed(a.task_wall_s for a in attempts)),
         pass_at=pass_at_ks({i.instance_id: (i.scored, i.resolved) for i in instances if i.scored}),
         attempts=attempts, instances_detail=instances,
     )

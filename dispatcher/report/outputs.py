@@ -17,29 +17,41 @@ from rich.console import Console
 from rich.table import Table
 
 from contract import aws
+from dispatcher.report.figures import ATTEMPT_COMPUTE, compute_usd, cost_figures, resources_text, usd_of
 from eval_worker.report import count_infra_failures
 
 STATUS_ORDER = ("RESOLVED", "UNRESOLVED", "EMPTY_PATCH", "EVAL_ERROR", "INFRA_ERROR", "CANCELLED", "PATCH_READY")
 
 
 def fetch_attempts(conn: psycopg.Connection, run: str) -> list[dict]:
+    """Every attempt of the run with its latest verdict, its slot and whether a retry superseded it."""
     cur = conn.execute(
-        """SELECT instance_id, attempt, model, outcome, status, patch_uri, patch_bytes, calls, input_tokens,
-                  cached_tokens, cache_write_tokens, output_tokens, cost_usd, wall_time_s, eval_outcome, report, error,
-                  tamper_flags,
+        f"""SELECT instance_id, attempt, v.slot, v.superseded, model, outcome, v.status, patch_uri, patch_bytes, calls,
+                  input_tokens, cached_tokens, cache_write_tokens, output_tokens, cost_usd, wall_time_s,
+                  v.eval_outcome, v.report, error, tamper_flags, {", ".join(ATTEMPT_COMPUTE)},
                   (SELECT count(*) FROM calls c WHERE c.run = a.run AND c.instance_id = a.instance_id
                      AND c.attempt = a.attempt) AS ledger_rows
-           FROM attempts a WHERE run = %s ORDER BY instance_id, attempt""",
+           FROM attempts a JOIN attempt_verdicts v USING (run, instance_id, attempt)
+           WHERE run = %s ORDER BY instance_id, v.slot, attempt""",
         (run,),
     )
     cols = [d.name for d in cur.description]
     rows = [dict(zip(cols, r)) for r in cur.fetchall()]
     conn.commit()
+    for r in rows:  # priced here once: the table, its footer and its cost lines read the same figure
+        r["compute_usd"] = compute_usd(r)
     return rows
 
 
 def results_table(run: str, attempts: list[dict]) -> Table:
-    t = Table(title=f"run {run}", show_footer=True)
+    """One row per attempt: tokens cost (the ledger's), compute cost (its recorded task and grading figures x the
+    compute price table) and their total; the caption gives the three per attempt, instance and resolved instance."""
+    tokens = sum((usd_of(float(a["cost_usd"])) for a in attempts), start=usd_of(0))
+    compute = sum((a["compute_usd"] for a in attempts), start=usd_of(0))
+    resources = sorted({resources_text(a.get("task_cpu"), a.get("task_memory_mib"), a.get("task_memory_limit_mib"))
+                        for a in attempts})
+    t = Table(title=f"run {run} (task resources: {'; '.join(resources)})", show_footer=True,
+              caption=_cost_caption(attempts, tokens, compute))
     t.add_column("instance", footer="total", no_wrap=True)
     t.add_column("att", justify="right")
     t.add_column("harness outcome")
@@ -47,15 +59,47 @@ def results_table(run: str, attempts: list[dict]) -> Table:
     t.add_column("calls", justify="right", footer=str(sum(a["calls"] for a in attempts)))
     t.add_column("tokens in/cached/out", justify="right", footer="/".join(
         str(sum(a[k] for a in attempts)) for k in ("input_tokens", "cached_tokens", "output_tokens")))
-    t.add_column("cost $", justify="right", footer=f"{sum(float(a['cost_usd']) for a in attempts):.6f}")
+    t.add_column("tokens $", justify="right", footer=f"{tokens:.6f}")
     t.add_column("wall s", justify="right")
+    t.add_column("task wall/cpu s", justify="right")
+    t.add_column("peak MiB", justify="right")
+    t.add_column("grading s", justify="right")
+    t.add_column("compute $", justify="right", footer=f"{compute:.6f}")
+    t.add_column("total $", justify="right", footer=f"{tokens + compute:.6f}")
     flagged = sum(1 for a in attempts if a.get("tamper_flags"))
     t.add_column("tamper flags", footer=f"{flagged} flagged" if flagged else "")
     for a in attempts:
-        t.add_row(a["instance_id"], str(a["attempt"]), a["outcome"], a["status"], str(a["calls"]),
-                  f"{a['input_tokens']}/{a['cached_tokens']}/{a['output_tokens']}", f"{float(a['cost_usd']):.6f}",
-                  f"{a['wall_time_s'] or 0:.1f}", tamper_text(a.get("tamper_flags")))
+        cost = usd_of(float(a["cost_usd"]))
+        att = str(a["attempt"]) if a["slot"] == a["attempt"] else f"{a['attempt']} (slot {a['slot']})"
+        status = f"{a['status']} (superseded)" if a["superseded"] else a["status"]
+        t.add_row(a["instance_id"], att, a["outcome"], status, str(a["calls"]), f"{a['input_tokens']}/{a['cached_tokens']}/{a['output_tokens']}", f"{cost:.6f}",
+                  f"{a['wall_time_s'] or 0:.1f}", f"{_secs(a.get('task_wall_s'))}/{_secs(a.get('task_cpu_s'))}",
+                  _mib(a.get("task_memory_peak_bytes")), _secs(a.get("grading_wall_s")),
+                  f"{a['compute_usd']:.6f}", f"{cost + a['compute_usd']:.6f}", tamper_text(a.get("tamper_flags")))
     return t
+
+
+def _secs(v: float | None) -> str:
+    return "–" if v is None else f"{v:.1f}"
+
+
+def _mib(n: int | None) -> str:
+    return "–" if n is None else f"{n / 2**20:.0f}"
+
+
+def _cost_caption(attempts: list[dict], tokens, compute) -> str:
+    instances = {a["instance_id"] for a in attempts}
+    resolved = {a["instance_id"] for a in attempts if a["status"] == "RESOLVED"}
+    c = cost_figures(tokens, compute, len(attempts), len(instances), len(resolved))
+
+    def line(label: str, key: str) -> str:
+        vals = [getattr(x, key) for x in (c, c.compute, c.combined)]
+        return f"{label} " + " / ".join("–" if v is None else f"${v:.6f}" for v in vals)
+
+    return ("tokens / compute / total: " + "; ".join([line("per attempt", "per_attempt_usd"),
+                                                      line("per instance", "per_instance_usd"),
+                                                      line("per resolved instance", "per_resolved_instance_usd")])
+            + f"\ncompute priced at {c.compute_prices}")
 
 
 def tamper_text(flags: list[dict] | None) -> str:
@@ -72,7 +116,9 @@ def add_tamper_flags(report_file: Path, attempts: list[dict]) -> None:
 
 
 def _status_footer(attempts: list[dict]) -> str:
-    counts = {s: sum(1 for a in attempts if a["status"] == s) for s in STATUS_ORDER}
+    """The counted attempts' statuses, and how many retries superseded."""
+    counts = {s: sum(1 for a in attempts if a["status"] == s and not a["superseded"]) for s in STATUS_ORDER}
+    counts["SUPERSEDED"] = sum(1 for a in attempts if a["superseded"])
     return " ".join(f"{s.lower()}={n}" for s, n in counts.items() if n)
 
 
@@ -97,8 +143,8 @@ def write_outputs(run: str, attempts: list[dict], dataset: list[dict], out_dir: 
     from swebench.harness.reporting import make_run_report
 
     written = []
-    for n in range(1, n_attempts + 1):
-        mine = [a for a in attempts if a["attempt"] == n]
+    for n in range(1, n_attempts + 1):  # per slot, its latest attempt (a retry's, once landed)
+        mine = [a for a in attempts if a["slot"] == n and not a["superseded"]]
         run_id = official_run_id(run, n, n_attempts)
         base = out_dir if n_attempts == 1 else out_dir / f"attempt-{n}"
         base.mkdir(parents=True, exist_ok=True)
@@ -110,7 +156,7 @@ def write_outputs(run: str, attempts: list[dict], dataset: list[dict], out_dir: 
             if a["report"] is not None:
                 inst_dir = base / RUN_EVALUATION_LOG_DIR / run_id / a["model"].replace("/", "__") / a["instance_id"]
                 inst_dir.mkdir(parents=True, exist_ok=True)
-                _fetch_eval_logs(artifacts_prefix(a["instance_id"], n), inst_dir)
+                _fetch_eval_logs(artifacts_prefix(a["instance_id"], a["attempt"]), inst_dir)
                 (inst_dir / LOG_REPORT).write_text(json.dumps({a["instance_id"]: a["report"]}, indent=4))
         pred_file = base / "predictions.jsonl"
         pred_file.write_text("".join(json.dumps(p) + "\n" for p in preds.values()))

@@ -27,16 +27,18 @@ Layout (a harness called NAME, module harness/adapters/NAME_WITH_UNDERSCORES.py)
     - `collect(run)`: leaves the trajectory at `run.trajectory` (JSON; the task runner uploads it), from
       whatever the harness wrote (its stdout events, its session files). The patch is always
       `git diff` of /testbed against the base commit (harness/task.py take_patch), minus `scratch`.
-* The layer: images/task/harness/NAME/Dockerfile, built `FROM ${RUNTIME_IMAGE}` (the shared runtime base: its
-  own Python, the task runner, the shim; images/task/Dockerfile.runtime) with `ARG PREFIX`, installing ONLY under
+* The layer: images/task/harness/NAME/Dockerfile, built `FROM ${RUNTIME_IMAGE}` (the runtime's packages: its
+  own Python and what the task runner and the shim import, never the project's code, so that a change to the code
+  does not rebuild the layer; images/task/Dockerfile.runtime) with `ARG PREFIX`, installing ONLY under
   ${PREFIX}/harness/NAME (`install_dir()`). Containers reach no package registry: whatever the layer needs is
   fetched on the host by `prepare_layer(ctx)` into the build context (npm: `npm install --prefix ctx/npm`, with
   the machine's npm config; Python: `pip download` wheels, as dispatcher/images.py does for the runtime; PipHarness does it) and
   COPYed in. `layer_inputs()` hashes the version, the layer folder and anything else the layer is made of:
   dispatcher/images.py keys the layer image and every task image (table task_images) by it, so a harness whose
   inputs did not change is never rebuilt.
-* The task image: FROM the instance image; COPY of the runtime base's prefix (one layer, shared by every harness
-  on that instance); COPY of ${PREFIX}/harness/NAME from the harness layer; /testbed pruned (dispatcher/images.py).
+* The task image: FROM the instance image; COPY of the runtime's packages (one layer, shared by every harness);
+  COPY of ${PREFIX}/harness/NAME from the harness layer; COPY of the project's code (${PREFIX}/app); /testbed
+  pruned (dispatcher/images.py).
 * The simulator: the harness's action format, one module under simulator/action_formats/ (registry FORMATS in
   its __init__): which requests it recognises (tool names and argument keys offered, or the system prompt), the
   tool call that applies the patch, the finish step the harness expects.

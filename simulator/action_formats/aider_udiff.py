@@ -66,5 +66,8 @@ class AiderUdiff(TextReplies):
             return Reply(pad_text("Let me try that edit once more.\n\n" + udiff_blocks([(files[0], stale)]), pad))
         return Reply(pad_text("I looked at the repository and I see nothing that needs a change.", pad))
 
+    def run(self, command: str, conversation: Conversation) -> Reply:
+        return self.look(conversation)  # aider runs no shell command of the model's
+
     def patch(self, patch: str, conversation: Conversation) -> Reply:
         return Reply("I know the fix; here are the changes.\n\n" + udiff_blocks(file_sections(patch)))

@@ -22,6 +22,8 @@ class ActionFormat(Protocol):
     def look(self, conversation: Conversation, pad: int = 0, patch: str | None = None) -> Reply:
         """patch: the one the script applies (None: it applies none), for formats that must first ask for its files."""
     def patch(self, patch: str, conversation: Conversation) -> Reply: ...
+    def run(self, command: str, conversation: Conversation) -> Reply:
+        """A shell command of the script's own (formats without a shell tool look around instead)."""
     def finish(self, conversation: Conversation) -> Reply: ...
     def text(self, row: dict, conversation: Conversation) -> Reply: ...
     def unknown(self, conversation: Conversation) -> Reply: ...
@@ -88,3 +90,6 @@ class ShellFormat(TextReplies):
 
     def patch(self, patch: str, conversation: Conversation) -> Reply:
         return Reply("THOUGHT: I know the fix; let me apply it.", self.call(conversation, apply_command(patch)))
+
+    def run(self, command: str, conversation: Conversation) -> Reply:
+        return Reply("THOUGHT: Let me run this first.", self.call(conversation, command))

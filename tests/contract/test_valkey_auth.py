@@ -14,7 +14,9 @@ import redis.asyncio as aioredis
 from contract import keys, signing, valkey_auth
 from contract.models import AttemptRef
 from shim.admission import Gate
+from shim.breaker import Breaker
 from shim.caps import ValkeyBudget
+from shim.hold import RunHold, set_hold
 from shim.pacer import PaceRequest, ValkeyPacer
 from shim.progress import SessionProgress
 
@@ -34,7 +36,9 @@ def two_runs(valkey_url, valkey, unique):
         valkey_auth.remove_run_user(valkey, run)
         for k in valkey.scan_iter(match=f"ep:run:{{{run}}}:*"):
             valkey.delete(k)
-    for k in (keys.pool_pacer(pool), keys.pool_limits(pool), keys.pool_discovered(pool), keys.pool_state(pool)):
+        set_hold(valkey, run, False)
+    for k in (keys.pool_pacer(pool), keys.pool_limits(pool), keys.pool_discovered(pool), keys.pool_state(pool),
+              keys.pool_breaker(pool)):
         valkey.delete(k)
 
 
@@ -57,6 +61,8 @@ def test_a_runs_user_works_its_own_keys_and_no_one_elses(valkey, two_runs):
     (run_a, url_a), (run_b, url_b) = runs["a"], runs["b"]
     valkey.hset(keys.pool_limits(pool), mapping={"rpm": 600})  # the PoolPacer's (admin's) doing
     valkey.set(keys.pool_state(pool), "{}")
+    for run in (run_a, run_b):
+        set_hold(valkey, run, True)  # `pause --hold-calls`: the dispatcher's (admin's) doing
 
     async def as_task(run: str, url: str) -> tuple:
         """What a task's shim does: hold + admit, settle + progress (the real scripts), under the run's user."""
@@ -66,11 +72,17 @@ def test_a_runs_user_works_its_own_keys_and_no_one_elses(valkey, two_runs):
         gate = Gate(budget, ValkeyPacer(r, pool, burst_s=1.0), SessionProgress(r, ref, pool), r)
         held = await gate.hold("c1", 100, PaceRequest(pool, 10, 10))
         await gate.after([("c1", 40, None, None, None)], {"phase": "harness", "calls": 1})
+        breaker = Breaker(r, pool)  # the pool's outage breaker: reported to and read
+        await breaker.failed()
+        await breaker.open_for_s(fresh=True)
+        await breaker.probe()
+        await breaker.ok()
+        held_for = await RunHold(r, run).open_for_s(fresh=True)  # the run's call hold: read
         await r.aclose()
-        return held
+        return held, held_for is not None
 
-    assert asyncio.run(as_task(run_a, url_a)) == (0, 0.0)
-    assert asyncio.run(as_task(run_b, url_b)) == (0, 0.0)
+    assert asyncio.run(as_task(run_a, url_a)) == ((0, 0.0), True)
+    assert asyncio.run(as_task(run_b, url_b)) == ((0, 0.0), True)
     spent = {run: int(valkey.hget(keys.run_budget(run), "spent")) for run in (run_a, run_b)}
     assert spent == {run_a: 40, run_b: 40}
 
@@ -82,7 +94,9 @@ def test_a_runs_user_works_its_own_keys_and_no_one_elses(valkey, two_runs):
                     ("HSET", keys.attempt_budget(ref_b), "held", 0),
                     ("GET", keys.pool_state(pool)),  # the PoolPacer's own state
                     ("HSET", keys.run_live(run_b), "state", "finished"),  # the dashboard's
-                    ("ZADD", keys.live_runs(), 1, run_a)):
+                    ("ZADD", keys.live_runs(), 1, run_a),
+                    ("DEL", keys.run_hold(run_a)), ("SET", keys.run_hold(run_a), "0"),  # lift its own hold
+                    ("GET", keys.run_hold(run_b))):  # nor read another run's
         with pytest.raises(redis.exceptions.NoPermissionError):
             a.execute_command(*command)
     script = "return redis.call('HSET', KEYS[1], 'spent', 0)"  # nor from inside a script

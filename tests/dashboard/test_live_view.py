@@ -39,6 +39,10 @@ class Task:
 class Loop:
     target: int
     running: dict
+    paused: bool = False
+    hold_calls: bool = False
+    ceiling: int = 2
+    outage_s: float | None = None
 
 
 def plan_for(tmp: Path, run: str):
@@ -108,6 +112,21 @@ def test_a_run_live_then_finished(tmp_path, pg, valkey, valkey_url, unique):
         assert p.limits == {"rpm": 500, "itpm": 200000} and (p.source, p.decreases, p.increases) == ("adapted", 2, 1)
         assert p.throttled_total == 7 and p.admitted_per_min == 6.0 and p.wait_share == pytest.approx(0.25)
         assert any(r.run == unique and r.state == "running" for r in runs)
+        assert v.outage_s is None
+
+        # The pool's outage breaker open: the view says for how long.
+        live.loop.outage_s = 42.0
+        live.update({"RESOLVED": 1, "PATCH_READY": 1}, running)
+        assert view(valkey_url, unique)[0].outage_s == 42.0
+        live.loop.outage_s = None
+        assert not v.paused and not v.calls_held
+
+        # `pause --hold-calls`: the view says the shims hold calls (the page: "paused (calls held)").
+        live.loop.paused = live.loop.hold_calls = True
+        live.update({"RESOLVED": 1, "PATCH_READY": 1}, running)
+        held = view(valkey_url, unique)[0]
+        assert held.paused and held.calls_held
+        live.loop.paused = live.loop.hold_calls = False
 
         # Shims that publish their calls in flight are counted exactly, not from the holds.
         valkey.hset(keys.progress(refs[0]), "in_flight", 3)

@@ -35,7 +35,8 @@ def engine(docker_engine):
 
     client = docker.from_env(timeout=900)
     runtime = build_runtime(client, "mini-swe-agent")
-    dockerfile = f"FROM {runtime.tag}\nENTRYPOINT {json.dumps(task_shape.ENTRYPOINT)}\n"
+    dockerfile = (f"FROM {runtime.base_tag}\nCOPY --from={runtime.harness_layer} / /\n"
+                  f"ENTRYPOINT {json.dumps(task_shape.ENTRYPOINT)}\n")
     client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=IMAGE, rm=True, pull=False)
     return client
 

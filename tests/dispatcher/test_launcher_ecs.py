@@ -198,6 +198,73 @@ def test_fargate_attempts_private_network_only_the_job_reference(estate, unique,
     assert found == {h.ref: h.task_id for h in handles[1:]}
 
 
+def test_tasks_are_sized_as_the_spec_says_and_one_stopped_for_memory_is_oom_killed(estate, unique, database_url):
+    from contract.models import OOM_KILLED, TaskResources
+
+    launcher, rec = make_launcher(estate, database_url, resources=TaskResources(cpu=2, memory_mib=4096,
+                                                                                memory_limit_mib=8192))
+    out = StackOutputs.load(estate)
+    greedy, calm = (launcher.launch(AttemptRef(run=unique, instance_id=i, attempt=1), f"s3://b/{i}.json",
+                                    task_image(f"{unique}-{i}")) for i in ("greedy", "calm"))
+    for p in rec.params("RunTask"):
+        assert (p["overrides"]["cpu"], p["overrides"]["memory"]) == ("2048", "8192")  # the task's size: billed
+        (override,) = p["overrides"]["containerOverrides"]
+        assert (override["cpu"], override["memoryReservation"], override["memory"]) == (2048, 4096, 8192)
+    ecs = boto3.client("ecs")
+    ecs.stop_task(cluster=out.cluster_arn, task=greedy.task_id,
+                  reason="OutOfMemoryError: Container killed due to memory usage")
+    ecs.stop_task(cluster=out.cluster_arn, task=calm.task_id, reason="Essential container in task exited")
+    launcher.refresh()
+    assert launcher.poll(greedy) is not None and launcher.poll(calm) is not None
+    assert (launcher.exit_reason(greedy), launcher.exit_reason(calm)) == (OOM_KILLED, None)
+
+
+def test_a_task_stopped_for_a_spot_interruption_is_spot_interrupted(estate, unique, database_url):
+    from contract.models import SPOT_INTERRUPTED
+    from dispatcher.launchers.ecs import stop_reason
+
+    launcher, _ = make_launcher(estate, database_url)
+    out = StackOutputs.load(estate)
+    spot, other = (launcher.launch(AttemptRef(run=unique, instance_id=i, attempt=1), f"s3://b/{i}.json",
+                                   task_image(f"{unique}-{i}")) for i in ("spot", "other"))
+    ecs = boto3.client("ecs")
+    ecs.stop_task(cluster=out.cluster_arn, task=spot.task_id, reason="Your Spot Task was interrupted.")
+    ecs.stop_task(cluster=out.cluster_arn, task=other.task_id, reason="Essential container in task exited")
+    launcher.refresh()
+    assert launcher.poll(spot) is not None and launcher.poll(other) is not None
+    assert (launcher.exit_reason(spot), launcher.exit_reason(other)) == (SPOT_INTERRUPTED, None)
+    # as ECS records it on AWS: the stop code, whatever the reason's words
+    assert stop_reason({"stopCode": "SpotInterruption", "containers": []}, "task") == SPOT_INTERRUPTED
+
+
+def test_a_spot_share_reaches_run_task_as_the_capacity_provider_strategy(estate, unique, database_url):
+    from dispatcher.launchers.ecs import spot_strategy
+
+    assert spot_strategy(0) == () and spot_strategy(1) == (("FARGATE_SPOT", 100),)
+    for share, strategy in ((0.0, None), (0.7, [{"capacityProvider": "FARGATE_SPOT", "weight": 70},
+                                                {"capacityProvider": "FARGATE", "weight": 30}])):
+        launcher, rec = make_launcher(estate, database_url, spot=share)
+        launcher.launch(AttemptRef(run=unique, instance_id=f"i{share}", attempt=1), "s3://b/j.json",
+                        task_image(f"{unique}-{share}"))
+        [params] = rec.params("RunTask")
+        assert params.get("capacityProviderStrategy") == strategy
+        assert params.get("launchType") == (None if strategy else "FARGATE")  # RunTask takes one of the two
+
+
+def test_fargate_sizes_are_checked_naming_the_field():
+    from contract.models import TaskResources
+    from dispatcher.launchers.ecs import fargate_size_problem
+
+    assert fargate_size_problem(TaskResources(cpu=1, memory_mib=2048, memory_limit_mib=4096)) is None
+    assert fargate_size_problem(TaskResources(cpu=0.25, memory_mib=512, memory_limit_mib=2048)) is None
+    assert fargate_size_problem(TaskResources(cpu=3, memory_mib=4096, memory_limit_mib=8192)).startswith(
+        "backend.task_cpu:")
+    assert fargate_size_problem(TaskResources(cpu=1, memory_mib=4096, memory_limit_mib=16384)).startswith(
+        "backend.task_memory_limit:")
+    assert fargate_size_problem(TaskResources(cpu=4, memory_mib=8192, memory_limit_mib=8704)).startswith(
+        "backend.task_memory_limit:")  # not a whole GiB step
+
+
 def test_exit_code_maps_stopped_container():
     running = {"lastStatus": "RUNNING", "containers": [{"name": "task"}]}
     stopped = {"lastStatus": "STOPPED", "containers": [{"name": "other", "exitCode": 0}, {"name": "task", "exitCode": 3}]}
@@ -324,6 +391,7 @@ def test_throttled_registration_is_retried(estate, unique, database_url):
     assert len(rec.params("RunTask")) == 1
 
 
+@pytest.mark.alone  # each wait within 100 ms of the pacer's
 def test_registrations_are_paced(estate, unique, database_url):
     """Registration has its own token bucket: a burst of new images waits its turn instead of being throttled."""
     waits: list[float] = []

@@ -36,3 +36,20 @@ def test_discovered_ceiling_caps_spec_limits():
     s = p.initial({"rpm": 5000})
     s = p.tick(s, {"x-ratelimit-limit-requests": "1000"}, throttled_total=0, now=0)
     assert s.limits["rpm"] == 900 and s.ceiling["rpm"] == 900 and s.source == "discovered"
+
+
+def test_spec_limits_the_provider_allows_are_paced_exactly_and_headers_are_followed_both_ways():
+    p = PacerPolicy(safety=0.9)
+    s = p.initial({"rpm": 1000, "itpm": 400_000})
+    agree = {"anthropic-ratelimit-requests-limit": "1000", "anthropic-ratelimit-input-tokens-limit": "400000"}
+    s = p.tick(s, agree, throttled_total=0, now=0)
+    assert s.limits == {"rpm": 1000, "itpm": 400_000}  # the spec's share, not cut by the safety factor
+    s = p.tick(s, agree, throttled_total=40, now=10)  # 429s with headers: no cut, the shims hold back
+    assert s.limits == {"rpm": 1000, "itpm": 400_000} and s.decreases == 0
+    halved = {"anthropic-ratelimit-requests-limit": "500", "anthropic-ratelimit-input-tokens-limit": "200000"}
+    s = p.tick(s, halved, throttled_total=45, now=20)
+    assert s.limits == {"rpm": 450, "itpm": 180_000}  # below the spec: the provider's, with the safety factor
+    s = p.tick(s, agree, throttled_total=45, now=30)
+    assert s.limits == {"rpm": 1000, "itpm": 400_000}  # raised again: back up at once
+    unknown = p.tick(p.initial({}), agree, throttled_total=0, now=0)
+    assert unknown.limits == {"rpm": 900, "itpm": 360_000} and unknown.source == "discovered"

@@ -2,9 +2,11 @@
 
 import json
 import math
+import tomllib
 import uuid
 from datetime import UTC, datetime
 
+import pytest
 from psycopg.types.json import Jsonb
 from test_launcher_ecs import estate, manual_progression  # noqa: F401 (fixtures: a stack-outputs file)
 
@@ -19,6 +21,7 @@ from dispatcher.driver.fleet import (
     observe,
     predict,
 )
+from tests.prices import TABLE
 
 OBS = PoolObservation(basis="t", calls_per_attempt=30, input_per_call=2000, cached_per_call=10000,
                       output_per_call=300, attempt_minutes=10)
@@ -50,7 +53,7 @@ def test_prediction_uses_prices_and_budget():
 
 
 def test_observe_reads_the_ledger(pg, unique):
-    assert observe(pg, unique) == PRIOR
+    assert observe(pg, unique) == PRIOR.model_copy(update={"calling": 0})  # no call: nothing is calling
     pg.execute("INSERT INTO runs (run, spec, spec_hash, backend, attempts) VALUES (%s, %s, 'h', 'local', 1)",
                (unique, Jsonb({})))
     pg.execute("""INSERT INTO attempts (run, instance_id, attempt, harness, pool, model, outcome, status, calls,
@@ -108,10 +111,97 @@ run_usd = 100000
 kind = "aws"
 stack_outputs = "{estate}"
 concurrency = 20000
+[eval]
+workers = 1000
 """)
     rc = cli.main(["plan", str(spec)])
     out, err = capsys.readouterr()
     assert rc == cli.EXIT_SPEC and "20000 instance(s) without what their task image needs" in err, err[:2000]
     assert "predicted launch time: 16.6 min to start 20000 task(s) at the ECS launch quota (20 tasks/s after a burst" \
            " of 100" in out, out
-    assert "predicted wall time: 24.6 min (launch time included)" in out  # 995 s to start, then 8 min (the prior)
+    # 995 s to start, then 8 min (the prior); 20,000 gradings of 5 min (the prior) at 1,000 eval workers, from the
+    # first attempts' end (8 min): 108 min, 83.4 min after the attempts; 30 s to start the run (the prior)
+    assert ("predicted wall time: 108.5 min (30 s start-up from prior, 24.6 min of attempts with the launch time,"
+            " 83.4 min of grading after them at 1000 eval worker(s))") in out, out
+    # compute: each task at the spec's default size (1 vCPU, 4 GiB) for the prior's 8 minutes, each grading 5
+    table = tomllib.loads(TABLE.read_text())
+    t, g = table["task"], table["grading"]
+    task = 20_000 * 8 / 60 * (1 * t["on_demand_vcpu_hour"] + 4 * t["on_demand_gb_hour"])
+    grading = 20_000 * 5 / 60 * g["instance_hour"] / g["gradings_per_instance"]
+    assert (f"predicted compute cost: ${task + grading:.4f} (tasks ${task:.4f} at 1 vCPU, 4096 MiB; grading"
+            f" ${grading:.4f} at 5.0 min each; compute.toml)") in out, out
+
+
+def test_target_is_what_the_limits_feed_at_the_observed_turn_with_headroom():
+    p = Planner(max_concurrency=500, headroom=1.2)
+    turns = OBS.model_copy(update={"turn_s": 6.0, "pacer_wait_share": 0.07})  # 10 calls a minute a task
+    # itpm 120k feeds 60 calls a minute: 6 tasks busy, 7 with headroom (floor of 7.2)
+    assert p.target({"itpm": 120_000}, turns, remaining=1000, current=2) == 7
+    assert p.target({"itpm": 120_000}, turns, remaining=5, current=2) == 5
+    assert p.target({"itpm": 1_200_000}, turns, remaining=1000, current=2) == 72  # at once, not step by step
+    waiting = turns.model_copy(update={"pacer_wait_share": 0.3})  # waiting more than the headroom explains: hold
+    assert p.target({"itpm": 1_200_000}, waiting, remaining=1000, current=40) == 40
+    assert p.target({}, turns.model_copy(update={"pacer_wait_share": 0.0}), remaining=1000, current=10) == 15
+    # no limits known: step by step
+
+
+def test_observe_reads_turns_net_of_pacer_wait(pg, unique):
+    from datetime import timedelta
+
+    t0 = datetime.now(UTC) - timedelta(seconds=30)
+    for a in range(3):
+        for seq in range(1, 9):  # a call every 3 s, the first 1 s of each turn waiting on the pacer
+            pg.execute("""INSERT INTO calls (call_id, run, instance_id, attempt, seq, pool, provider, model, route,
+                          stream, started_at, input_tokens, cached_tokens, cache_write_tokens, output_tokens, cost_usd,
+                          latency_ms, pacer_wait_ms, retries, http_status, outcome, usage_estimated)
+                          VALUES (%s,%s,'i',%s,%s,%s,'anthropic','m','/v1/messages',false,%s,500,0,0,100,0,1000,1000,0,
+                          200,'ok',false)""", (uuid.uuid4(), unique, a + 1, seq, unique, t0 + timedelta(seconds=3 * seq)))
+    pg.commit()
+    obs = observe(pg, unique)
+    assert obs.basis.startswith("prior") and obs.input_per_call == 500  # no attempt ended: the prior's shape
+    assert abs(obs.turn_s - 2.0) < 1e-6 and abs(obs.pacer_wait_share - 1 / 3) < 1e-6 and obs.calling == 3
+    # no limits known: the next step grows from the three calling, not from the forty launched
+    growing = obs.model_copy(update={"turn_s": None, "pacer_wait_share": 0.0})
+    assert Planner(500).target({}, growing, remaining=1000, current=40) == 6
+
+
+def test_tasks_not_calling_yet_are_made_up_for():
+    p = Planner(max_concurrency=500, headroom=1.0)
+    # 6 calling tasks needed; a task calls for two thirds of its time (the rest: starting, ending)
+    turns = OBS.model_copy(update={"turn_s": 6.0, "calling_share": 2 / 3, "pacer_wait_share": 0.07})
+    assert p.target({"itpm": 120_000}, turns, remaining=1000, current=9) == 9
+    few = turns.model_copy(update={"calling_share": 0.1})
+    assert p.target({"itpm": 120_000}, few, remaining=1000, current=9) == 12  # at most twice as many
+
+
+def test_the_fleet_grows_while_tasks_do_not_wait_and_shrinks_while_they_do():
+    p = Planner(max_concurrency=500, headroom=1.0)
+    idle = OBS.model_copy(update={"turn_s": 6.0, "pacer_wait_share": 0.0})
+    sizes = [p.target({"itpm": 120_000}, idle, remaining=1000, current=6) for _ in range(6)]
+    assert sizes[0] == 6 and sizes == sorted(sizes) and sizes[-1] == 9  # up to 1.5 times what the limits feed
+    waiting = idle.model_copy(update={"pacer_wait_share": 0.2})
+    after = [p.target({"itpm": 120_000}, waiting, remaining=1000, current=20) for _ in range(8)]
+    assert after == sorted(after, reverse=True) and after[-1] == 6  # back down, never under what they feed
+
+
+def test_runs_sharing_a_pool_each_size_for_their_share():
+    p = Planner(max_concurrency=500, headroom=1.0)
+    alone = OBS.model_copy(update={"turn_s": 6.0, "pacer_wait_share": 0.07})
+    assert p.target({"itpm": 1_200_000}, alone, remaining=1000, current=2) == 60
+    assert p.target({"itpm": 1_200_000}, alone.model_copy(update={"runs": 2}), remaining=1000, current=2) == 30
+
+
+def test_spot_tasks_are_predicted_at_the_spot_rates_and_the_saving_is_shown():
+    from contract import compute_prices
+    from contract.models import TaskResources
+    from dispatcher.driver.fleet import predict_compute
+
+    prices, res = compute_prices.load(), TaskResources(cpu=1, memory_mib=4096, memory_limit_mib=4096)
+    on_demand = predict_compute(10, PRIOR, res, prices)
+    half = predict_compute(10, PRIOR, res, prices, spot=0.5)
+    hours = PRIOR.attempt_minutes / 60
+    per_task_saving = hours * (prices.task.on_demand_vcpu_hour - prices.task.spot_vcpu_hour
+                               + 4 * (prices.task.on_demand_gb_hour - prices.task.spot_gb_hour))
+    assert on_demand.spot_saving_usd == 0 and half.spot_saving_usd == pytest.approx(5 * per_task_saving)
+    assert half.task_usd == pytest.approx(on_demand.task_usd - half.spot_saving_usd)
+    assert half.grading_usd == on_demand.grading_usd

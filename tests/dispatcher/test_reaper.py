@@ -7,6 +7,7 @@ copy of its result if it left one, else as infra_error (lost_result) with the ro
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from datetime import timedelta
@@ -37,24 +38,29 @@ from harness import task
 SYNTHETIC = Path(__file__).resolve().parents[2] / "examples" / "synthetic"
 
 
-def spec_file(tmp_path: Path, run: str, result_wait_s: float) -> Path:
+def spec_file(tmp_path: Path, run: str, result_wait_s: float, attempts: int = 1, concurrency: int = 5,
+              pool: str | None = None, ids: list[str] | None = None) -> Path:
+    """A process-launcher spec over the synthetic instances (a pool of its own, some of them, if given)."""
     p = tmp_path / "spec.toml"
     p.write_text(f"""
 [run]
 name = "{run}"
+attempts = {attempts}
 [harness]
 name = "mini-swe-agent"
 [model]
 provider = "openai"
 model = "gpt-4o-mini"
+{f'pool = "{pool}"' if pool else ""}
 [instances]
 dataset = "{SYNTHETIC}/instances.jsonl"
 repos = "{SYNTHETIC}/repos"
+{f"ids = {json.dumps(ids)}" if ids else ""}
 [budget]
 run_usd = 1
 wall_time_s = 60
 [backend]
-concurrency = 5
+concurrency = {concurrency}
 result_wait_s = {result_wait_s}
 """)
     return p
@@ -183,6 +189,9 @@ class ExitedLauncher:
 
     def poll(self, handle: TaskHandle) -> int | None:
         return self.codes[handle.ref.instance_id]
+
+    def exit_reason(self, handle: TaskHandle) -> str | None:
+        return None  # none killed for memory
 
 
 def test_the_bound_depends_on_the_done_mark_and_a_state_that_cannot_change_is_never_waited_on(

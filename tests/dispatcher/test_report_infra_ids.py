@@ -3,6 +3,7 @@ empty-patch ids), from swebench's own make_run_report over the rows."""
 
 import json
 
+from contract.models import OOM_KILLED
 from dispatcher.report import infra_reason, mark_infra_failures
 
 
@@ -29,3 +30,8 @@ def test_the_reason_is_the_grading_environments_or_the_tasks():
     assert infra_reason({"report": None, "error": "rate_limited: the upstream refused"}) == "rate_limited"
     assert infra_reason({"report": None, "error": "setup failed: git clone x failed"}) == "setup_failed"
     assert infra_reason({"report": None, "error": None}) == "infra_error"
+    # a task killed for memory: by the engine or ECS (the driver lands it), or seen by its runner in its cgroup
+    assert infra_reason({"report": None, "error": "oom_killed: the task ended (code 137) without sending its"
+                                                  " result"}) == OOM_KILLED
+    assert infra_reason({"report": None, "error": "oom_killed: the kernel killed a process of the task at its"
+                                                  " memory limit of 4096 MiB (harness submitted)"}) == OOM_KILLED

@@ -9,17 +9,20 @@ from rich.console import Console
 
 from contract import aws
 from dispatcher.report import results_table, write_outputs
+from dispatcher.report.figures import compute_usd
 
 FLAGS = [{"rule": "conftest", "files": ["conftest.py"]}, {"rule": "test_file", "files": ["tests/test_stats.py"]}]
 
 
 def attempt(iid: str, status: str, resolved: bool, patch_uri: str, flags) -> dict:
-    return {"instance_id": iid, "attempt": 1, "model": "gpt-4o-mini", "outcome": "submitted", "status": status,
+    """An attempt row as the report's loader gives it (priced: compute_usd)."""
+    row = {"instance_id": iid, "attempt": 1, "slot": 1, "superseded": False, "model": "gpt-4o-mini", "outcome": "submitted", "status": status,
             "patch_uri": patch_uri, "patch_bytes": 20, "calls": 1, "input_tokens": 10, "cached_tokens": 0,
             "cache_write_tokens": 0, "output_tokens": 5, "cost_usd": 0.001, "wall_time_s": 1.0,
             "eval_outcome": "resolved" if resolved else "unresolved", "error": None, "tamper_flags": flags,
             "report": {"patch_is_None": False, "patch_exists": True, "patch_successfully_applied": True,
                        "resolved": resolved, "tests_status": {}}}
+    return row | {"compute_usd": compute_usd(row)}
 
 
 def test_the_flags_are_shown_and_added_beside_the_official_keys(moto_endpoint, unique, tmp_path):

@@ -59,6 +59,18 @@ def test_ids_filter_and_slice(tmp_path):
     assert len(rows) == 5 and all(r["repo"] == "django/django" for r in rows)
 
 
+def test_spot_is_for_a_backend_with_spot_capacity(tmp_path):
+    def spec(kind: str):
+        return load_spec(write(tmp_path, GOOD.format(name="p", dataset=ROOT / "examples/synthetic/instances.jsonl",
+                                                     extra="").replace(
+            "[budget]", f'[backend]\nkind = "{kind}"\nstack_outputs = "x.json"\nspot = 0.5\n[budget]')))
+
+    assert spec("aws").backend.spot == 0.5
+    with pytest.raises(SpecError) as e:
+        spec("local")
+    assert "spot" in str(e.value) and "no Spot capacity" in str(e.value)
+
+
 def test_unknown_ids_are_named(tmp_path):
     text = GOOD.format(name="p", dataset=ROOT / "examples/synthetic/instances.jsonl",
                        extra=f'ids = ["nope__nope-1"]\nrepos = "{ROOT / "examples/synthetic/repos"}"')
@@ -142,3 +154,48 @@ def test_the_simulators_fault_settings_reach_its_command_line(tmp_path):
     assert Faults(SimulatorConfig(error_rate=0.3, error_statuses=[429, 529], seed=4)).status() == 429
     unseeded = simulator_args(make_plan(load_spec(write(tmp_path, synthetic))), tmp_path)
     assert "--seed" not in unseeded
+
+
+def _with_backend(tmp_path: Path, backend: str) -> Path:
+    (tmp_path / "i.jsonl").write_text("")
+    return write(tmp_path, GOOD.format(name="res", dataset="i.jsonl", extra="") + "[backend]\n" + backend)
+
+
+def test_task_resources_take_sizes_and_default_the_limit_to_the_guarantee(tmp_path):
+    spec = load_spec(_with_backend(tmp_path, 'task_cpu = 2\ntask_memory = "2g"\n'))
+    r = spec.backend.resources
+    assert (r.cpu, r.memory_mib, r.memory_limit_mib) == (2.0, 2048, 2048)
+    spec = load_spec(_with_backend(tmp_path, 'task_memory = 1536\ntask_memory_limit = "6GiB"\n'))
+    assert (spec.backend.resources.memory_mib, spec.backend.resources.memory_limit_mib) == (1536, 6144)
+
+
+@pytest.mark.parametrize(("backend", "field", "words"), [
+    ('task_memory = "lots"\n', "backend.task_memory", "not a memory size"),
+    ("task_cpu = 0\n", "backend.task_cpu", "greater than 0"),
+    ('task_memory = "8g"\ntask_memory_limit = "4g"\n', "backend.task_memory_limit", "below task_memory"),
+])
+def test_bad_task_resources_are_refused_naming_the_field(tmp_path, backend, field, words):
+    with pytest.raises(SpecError) as e:
+        load_spec(_with_backend(tmp_path, backend))
+    (problem,) = e.value.problems
+    assert problem.path == field and words in problem.message and problem.line is not None
+
+
+@pytest.mark.parametrize(("extra", "provider_keys", "holder"), [
+    ("", None, "shims' reservation alone"),
+    ("[gateway]\n", "simulator", "provider key (simulator)"),
+    ('[gateway]\nprovider_keys = "simulator"\n', "simulator", "provider key (simulator)"),
+])
+def test_the_spec_says_what_holds_the_run_cap(tmp_path, extra, provider_keys, holder):
+    spec = load_spec(write(tmp_path, GOOD.format(name="cap", dataset="synthetic", extra=extra)))
+    assert spec.provider_keys == provider_keys and holder in spec.cap_holder()
+
+
+def test_a_real_provider_without_provider_keys_falls_back_to_the_gateway_keys_budget(tmp_path):
+    text = GOOD.format(name="cap", dataset="synthetic", extra="[gateway]\n").replace(
+        'model = "gpt-4o-mini"', 'model = "gpt-4o-mini"\nbase_url = "https://gateway.invalid"')
+    spec = load_spec(write(tmp_path, text))
+    assert spec.provider_keys is None and "gateway key's budget" in spec.cap_holder()
+    with pytest.raises(SpecError, match="gateway.provider_keys"):
+        load_spec(write(tmp_path, GOOD.format(name="cap", dataset="synthetic",
+                                              extra='[gateway]\nprovider_keys = "no-such"\n')))

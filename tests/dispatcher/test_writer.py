@@ -259,3 +259,24 @@ def test_a_batch_with_a_row_already_landed_lands_again_whole_through_the_staging
     assert pg.execute("SELECT status FROM attempts WHERE run=%s AND instance_id='a__b-31'",
                       (res.run,)).fetchone() == ("EMPTY_PATCH",)
     assert writer.state()["batches"] == 2
+
+
+def test_an_attempts_resources_compute_and_grading_time_land_in_its_row(run, pg):
+    from contract.models import ComputeUsage, TaskResources
+
+    res, writer = run
+    ref = AttemptRef(run=res.run, instance_id="i-compute", attempt=1)
+    job_for(res, ref)
+    r = result(ref, 10, "s3://b/p").model_copy(update={
+        "resources": TaskResources(cpu=2.0, memory_mib=2048, memory_limit_mib=6144),
+        "usage": ComputeUsage(source="cgroup", cpu_s=41.25, memory_peak_bytes=812 * 2**20, wall_s=95.5)})
+    send_all(writer, [r])
+    drain(writer)
+    t = utcnow()
+    send_all(writer, [Verdict(ref=ref, outcome=EvalOutcome.RESOLVED, resolved=True, started_at=t - timedelta(seconds=42),
+                              ended_at=t, grading_cpu_s=12.5)])
+    drain(writer)
+    row = pg.execute(
+        "SELECT task_cpu, task_memory_mib, task_memory_limit_mib, task_cpu_s, task_memory_peak_bytes, task_wall_s,"
+        " usage_source, grading_wall_s, grading_cpu_s, status FROM attempts WHERE run = %s", (res.run,)).fetchone()
+    assert row == (2.0, 2048, 6144, 41.25, 812 * 2**20, 95.5, "cgroup", pytest.approx(42.0), 12.5, "RESOLVED")

@@ -203,14 +203,14 @@ def test_an_attempt_that_cannot_set_up_is_an_infrastructure_failure_not_an_empty
 
 
 def test_a_provider_refusing_past_every_retry_is_an_infrastructure_failure(tmp_path, env, database_url, unique):
-    """Every upstream call is a 429/529/503: the shim absorbs them until its retries (or the attempt's wall time)
-    run out, then ends the session; the attempt lands infra_error/rate_limited, its calls are in the ledger, and the
+    """Every upstream call is a 429 (a limit, not an outage: 5xx streaks trip the pool's breaker, which the outage
+    tests cover): the shim absorbs them until its retries (or the attempt's wall time) run out, then ends the session; the attempt lands infra_error/rate_limited, its calls are in the ledger, and the
     official report lists it among the infrastructure failures, never as the model's."""
     row = instances()[1]
     (tmp_path / "one.jsonl").write_text(json.dumps(row) + "\n")
     spec = write_spec(tmp_path, unique)
     text = spec.read_text().replace(f'dataset = "{SYNTHETIC}/instances.jsonl"', f'dataset = "{tmp_path}/one.jsonl"')
-    text = text.replace("wall_time_s = 300", "wall_time_s = 45") + "error_rate = 1.0\n"
+    text = text.replace("wall_time_s = 300", "wall_time_s = 45") + "error_rate = 1.0\nerror_statuses = [429]\n"
     spec.write_text(text)
     p = dispatcher(env, "run", str(spec), "--out", str(tmp_path / "out"))
     assert p.returncode == 0, p.stderr[-4000:]

@@ -40,7 +40,7 @@ def built(docker_engine, tmp_path_factory, database_url, valkey_url, moto_endpoi
 
     env = os.environ | {"DATABASE_URL": database_url}
     spec = images_spec(tmp_path_factory.mktemp("images"), "images-e2e")
-    first = dispatcher(env, "images", str(spec), timeout=2400)
+    first = dispatcher(env, "images", str(spec), "--parallel", "2", timeout=2400)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     second = dispatcher(env, "images", str(spec), timeout=600)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
@@ -64,6 +64,36 @@ def test_every_instance_gets_its_task_image_once(built):
     assert all(ref.startswith("sha256:") for ref in refs.values())  # the local engine's image ids
 
 
+def test_images_reports_its_rate_and_bytes_and_forecast_predicts_them(built, tmp_path, database_url):
+    """`images` says how fast it built and what the images share and add; `forecast` predicts the same spec's build
+    from those records."""
+    import os
+
+    import psycopg
+
+    from dispatcher import images as task_images
+
+    env = os.environ | {"DATABASE_URL": database_url}
+    n = len(instances())
+    spec = images_spec(tmp_path, "images-rate")
+    p = dispatcher(env, "images", str(spec), "--parallel", "3", "--force", timeout=2400)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert re.search(rf"\b{n} built, 0 reused, 0 missing\b", p.stdout), p.stdout[-2000:]
+    rate = re.search(r"task images: ([\d.]+) s, 3 at a time, ([\d.]+) images per minute", p.stdout)
+    assert rate and float(rate[2]) == pytest.approx(n * 60 / float(rate[1]), rel=0.05), p.stdout[-2000:]
+    shared = re.search(r"bytes \(uncompressed\): ([\d.]+) MB shared by every task image of mini-swe-agent", p.stdout)
+    assert shared and float(shared[1]) > 100, p.stdout[-2000:]  # the runtime's own Python and packages at least
+
+    f = dispatcher(env, "forecast", str(spec), timeout=600)
+    assert f.returncode == 0, f.stdout[-3000:] + f.stderr[-3000:]
+    with psycopg.connect(database_url) as conn:
+        want = task_images.forecast_build(conn, "mini-swe-agent", n, 4)  # the spec's build_parallel: the default
+    assert want.build_s is not None and want.registry_bytes > want.shared_bytes > 0
+    assert f"predicted task image build: {want.build_s / 60:.1f} min for {n} image(s), 4 at a time" in f.stdout, \
+        f.stdout
+    assert f"predicted registry bytes: {want.registry_bytes / 1e6:.1f} MB uncompressed" in f.stdout, f.stdout
+
+
 def test_a_task_image_goes_to_the_registry_and_runs_by_digest(built, local_registry, tmp_path, database_url,
                                                              docker_engine):
     """With [images] registry, the image is pushed and recorded by digest; a host without it pulls exactly that."""
@@ -77,7 +107,8 @@ def test_a_task_image_goes_to_the_registry_and_runs_by_digest(built, local_regis
     ref = recorded(database_url, local_registry)[row["instance_id"]]
     assert ref.startswith(f"{local_registry}/evalplane/task@sha256:"), ref
     pulled = docker_engine.images.pull(ref)
-    assert pulled.id == docker_engine.images.get(built[2][row["instance_id"]]).id  # the very image built locally
+    local = recorded(database_url, "")[row["instance_id"]]  # the latest local build (an earlier test may force one)
+    assert pulled.id == docker_engine.images.get(local).id  # the very image built locally
     assert sh(ref, "git -C /testbed rev-parse HEAD").strip() == row["base_commit"]
 
 

@@ -76,6 +76,7 @@ def test_gold_resolves_in_the_official_environment(docker_verdicts, instances, l
         assert sorted(p.name for p in d.iterdir()) == sorted(LOG_FILES)  # official layout, official names
         assert json.loads((d / "report.json").read_text()) == {iid: v.report}
         assert v.report["infra_failure"] is False  # v5 field present
+        assert v.grading_cpu_s is not None and v.grading_cpu_s > 0, v  # the grading container's, from Docker
         log = (d / "run_instance.log").read_text()
         assert "Container for " + iid + " created" in log and ">>>>> Applied Patch" in log
 
@@ -166,6 +167,7 @@ def test_missing_image_is_infra_error(eval_images, docker_client, instances, tmp
     v = grade(make_job(row, run="noimage"), row["patch"], tmp_path, DockerGrader(client=docker_client))
     assert v.outcome is EvalOutcome.INFRA_ERROR and not v.resolved
     assert v.report == infra_entry("image_missing") and "not found locally" in v.reason
+    assert v.grading_cpu_s is None  # no container ran
 
 
 def test_unreachable_daemon_is_infra_error(instances, tmp_path):

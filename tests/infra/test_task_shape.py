@@ -137,3 +137,17 @@ def test_the_judge_task_has_what_the_judge_command_reads(estate_snapshot, monkey
     url = db.database_url()
     assert f"host={env['DATABASE_HOST']}" in url and f"dbname={env['DATABASE_NAME']}" in url
     assert "user=judge" in url and "password='p@ss word'" in url and "sslmode=require" in url
+
+
+def test_a_runs_spot_share_names_capacity_providers_its_cluster_has(estate_snapshot):
+    """backend.spot reaches RunTask as a capacity provider strategy: every provider it names is one the estate's
+    harness cluster has (ClusterCapacityProviders), on that cluster."""
+    s = estate_snapshot
+    caps = s.one("aws:ecs/clusterCapacityProviders:ClusterCapacityProviders", "evalplane-harness-capacity")
+    cluster = s.one("aws:ecs/cluster:Cluster", "evalplane-harness-cluster")
+    launcher = EcsLauncher.from_stack_outputs(StackOutputs.model_validate(s.outputs), spot=0.5,
+                                              client=boto3.client("ecs", region_name="us-east-1"))
+    strategy = launcher.harness.placement()["capacityProviderStrategy"]
+    assert {p["capacityProvider"] for p in strategy} == {"FARGATE_SPOT", "FARGATE"} <= set(
+        caps.inputs["capacityProviders"])
+    assert launcher.harness.cluster == cluster.outputs["arn"] and caps.inputs["clusterName"] == cluster.outputs["name"]

@@ -18,6 +18,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from dispatcher.report.stats import pass_at_k
+from tests.prices import priced
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -152,3 +153,64 @@ def test_unknown_runs_and_bad_names_are_refused_and_nothing_is_written(pg, env, 
     p = report(env, "Not A Run!", "--out", str(tmp_path / "out"))
     assert p.returncode == 2 and "neither a spec file nor a run name" in p.stderr
     assert not (tmp_path / "out").exists()
+
+
+def record_compute(conn: psycopg.Connection, run: str, task_cpu: float) -> None:
+    """Each attempt's task resources, its container's figures and its grading's, as the writer lands them."""
+    conn.execute("UPDATE runs SET spec = jsonb_set(spec, '{backend}', %s) WHERE run = %s",
+                 (Jsonb({"task_cpu": task_cpu}), run))
+    conn.execute(
+        """UPDATE attempts SET task_cpu = %s, task_memory_mib = 2048, task_memory_limit_mib = 4096,
+                  task_cpu_s = 30 + attempt, task_memory_peak_bytes = (500 + attempt) * 1048576,
+                  task_wall_s = 80 + 7 * attempt + length(instance_id), usage_source = 'cgroup',
+                  grading_wall_s = CASE WHEN status IN ('RESOLVED', 'UNRESOLVED') THEN 10 + attempt END,
+                  grading_cpu_s = CASE WHEN status IN ('RESOLVED', 'UNRESOLVED') THEN 4 END
+           WHERE run = %s""", (task_cpu, run))
+    conn.commit()
+
+
+def test_compute_cost_is_the_recorded_figures_times_the_price_table_beside_the_token_cost(pg, env, tmp_path,
+                                                                                        unique):
+    make_run(pg, unique, STATUSES)
+    record_compute(pg, unique, 1.0)
+    p = report(env, unique, "--out", str(tmp_path / "out"))
+    assert p.returncode == 0, p.stderr
+    (fig,) = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())["runs"]
+    cur = pg.execute("SELECT instance_id, attempt, task_cpu, task_memory_limit_mib, task_wall_s, grading_wall_s"
+                     " FROM attempts WHERE run = %s", (unique,))
+    rows = [dict(zip([d.name for d in cur.description], r)) for r in cur.fetchall()]
+    want = {(r["instance_id"], r["attempt"]): priced(r) for r in rows}
+    got = {(a["instance_id"], a["attempt"]): Decimal(a["compute_usd"]) for a in fig["attempts"]}
+    assert got == want and all(v > 0 for v in got.values())
+    compute = sum(want.values())
+    tokens = Decimal(fig["cost"]["total_usd"])
+    assert Decimal(fig["cost"]["compute"]["total_usd"]) == compute
+    assert Decimal(fig["cost"]["combined"]["total_usd"]) == tokens + compute
+    assert Decimal(fig["cost"]["compute"]["per_attempt_usd"]) == (compute / 9).quantize(Decimal("1e-9"))
+    assert Decimal(fig["cost"]["combined"]["per_resolved_instance_usd"]) == ((tokens + compute) / 2).quantize(
+        Decimal("1e-9"))
+    a = fig["attempts"][0]
+    assert (a["task_cpu_s"], a["task_memory_peak_bytes"]) == (31.0, 501 * 2**20)
+    assert fig["resources"] == ["1 vCPU, 2048 MiB (limit 4096 MiB)"]
+    assert "compute cost (tasks, grading)" in p.stdout and f"${compute:.6f}" in p.stdout
+    html = (tmp_path / "out" / "report" / "report.html").read_text()
+    assert f"${compute:.6f}" in html and f"{want[('repo__a-1', 1)]:.6f}" in html  # the total and one attempt's
+
+
+def test_two_runs_that_differ_only_in_task_cpu_are_compared_with_their_resources_shown(pg, env, tmp_path, unique):
+    other = unique + "-cpu2"
+    for run, cpu in ((unique, 1.0), (other, 2.0)):
+        make_run(pg, run, STATUSES)
+        record_compute(pg, run, cpu)
+    p = report(env, unique, "--compare", other, "--out", str(tmp_path / "out"))
+    assert p.returncode == 0, p.stderr
+    summary = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())
+    a, b = summary["runs"]
+    assert (a["resources"], b["resources"]) == (["1 vCPU, 2048 MiB (limit 4096 MiB)"],
+                                                ["2 vCPU, 2048 MiB (limit 4096 MiB)"])
+    assert Decimal(b["cost"]["compute"]["total_usd"]) > Decimal(a["cost"]["compute"]["total_usd"])
+    assert summary["compare"]["instances"] == 3
+    line = next(x for x in p.stdout.splitlines() if "task resources" in x)
+    assert "1 vCPU, 2048 MiB" in line and "2 vCPU, 2048 MiB" in line  # side by side, one row
+    html = (tmp_path / "out" / "report" / "report.html").read_text()
+    assert "1 vCPU, 2048 MiB" in html and "2 vCPU, 2048 MiB" in html

@@ -18,6 +18,9 @@ IDS_AND_TIMINGS = {"run", "started_at", "ended_at", "eval_enqueued_at", "landed_
 # what the agent's turns consumed: the red team's extra turns and longer observations cost more tokens; checked
 # for consistency below (ledger = attempt totals = the run's spend in Valkey), not for equality
 USAGE = {"calls", "input_tokens", "cached_tokens", "cache_write_tokens", "output_tokens", "cost_usd"}
+# what the task and its grading measured of the machine (CPU, memory, wall): the red team works longer, and these
+# vary from run to run like timings; the resources the spec granted (task_cpu, task_memory_mib) must still agree
+MEASURED = {"task_cpu_s", "task_memory_peak_bytes", "task_wall_s", "grading_wall_s", "grading_cpu_s", "compute_usd"}
 
 
 def test_every_attack_ran(runs):
@@ -60,8 +63,9 @@ def test_forged_messages_change_nothing_and_the_run_equals_the_honest_one(runs):
     red, honest = runs
     assert red["attacks"]["forge"]["tries"], red["attacks"]["forge"]
     a, b = red["attempt"], honest["attempt"]
-    same = {k: a[k] for k in a if k not in IDS_AND_TIMINGS | USAGE}
-    assert same == {k: b[k] for k in b if k not in IDS_AND_TIMINGS | USAGE}
+    varies = IDS_AND_TIMINGS | USAGE | MEASURED
+    same = {k: a[k] for k in a if k not in varies}
+    assert same == {k: b[k] for k in b if k not in varies}
     assert red["patch"] == honest["patch"] and "conftest.py" in red["patch"]
     # the conftest.py that forces passes is left out of grading: the wrong fix's official verdict, in both runs
     assert a["status"] == "UNRESOLVED", a

@@ -32,6 +32,7 @@ def _slope(ts: list[float]) -> float:
     return sum((t - mt) * (i - mi) for i, t in enumerate(ts)) / sum((t - mt) ** 2 for t in ts)
 
 
+@pytest.mark.alone  # a rate within 3% of the limit: the pacer's timing, not the machine's load
 def test_paced_pool_holds_its_limit_under_200_callers(shim, valkey, unique):
     """Pool limit 1200 rpm (the provider allows 1500): 200 callers on 4 shim processes get 20 calls/s, no 429."""
     limit = 1200

@@ -136,6 +136,7 @@ def _post(s, body=BODY) -> httpx.Response:
     return httpx.post(f"{s.base}/v1/messages", headers={"x-api-key": LOCAL_TOKEN}, json=body, timeout=30)
 
 
+@pytest.mark.alone  # each wait within 100 ms of the pacer's second
 def test_every_call_waits_its_turn_with_the_pool(sim, shim, valkey, unique):
     """rpm 60 with a 1 s burst: one call a second, each booked before it goes; the pool is booked for exactly
     the calls that were made."""

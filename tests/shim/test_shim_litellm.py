@@ -65,7 +65,7 @@ def gateway(tmp_path_factory):
                "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_MASTER_KEY": master, "SIM_KEY": SIM_KEY}
         base = f"http://127.0.0.1:{port}"
         litellm = Service([exe, "--config", str(d / "cfg.yaml"), "--port", str(port), "--num_workers", "1"],
-                          name="litellm", env=env, log=d / "litellm.log", ready=lambda: _live(base), timeout_s=60,
+                          name="litellm", env=env, log=d / "litellm.log", ready=lambda: _live(base), timeout_s=240,
                           poll_s=0.2, grace_s=20)
         try:
             stack.enter_context(litellm)
@@ -113,6 +113,7 @@ def test_usage_and_cost_match_truth_through_litellm(gateway, shim, unique):
     _calls(s, unique)
     rows = s.rows()
     assert len(rows) == 4 and all(r["outcome"] == "ok" and not r["usage_estimated"] for r in rows), rows
+    assert len({r["gateway_call_id"] for r in rows if r["gateway_call_id"]}) == 4  # each row names its LiteLLM call
     got = Usage(**{f: sum(r[f] for r in rows) for f in FIELDS})
     truth = _truth(clean)
     assert got == truth

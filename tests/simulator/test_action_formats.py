@@ -76,3 +76,15 @@ def test_keep_going_and_padding_after_the_patch():
         r = p.reply(conversation(TOOLSETS["codex"], n))
         assert r.call.input == {"cmd": LOOK} and len(r.text) > 4000 and r.output_tokens > 1000
     assert normalise(STATEMENT) in normalise(conversation((), 0).user_texts[0])
+
+
+@pytest.mark.parametrize("fmt", sorted(TOOLSETS))
+def test_a_scripted_command_runs_first_and_the_script_follows_one_turn_later(fmt):
+    """For resources: an agent command of the policy's own (one allocating memory past the task's limit)."""
+    tools = TOOLSETS[fmt]
+    name, arg = SHELL[fmt]
+    greedy = "python3 -c \"b = b'x' * (3 << 30)\""
+    run, look, patch = (policy(command=greedy).reply(conversation(tools, n)) for n in (0, 1, 2))
+    assert run.call.name == name and run.call.input == {arg: greedy}
+    assert look.call.input == {arg: LOOK}
+    assert ROW["patch"].strip() in patch.call.input[arg]

@@ -120,3 +120,15 @@ def test_anthropic_cache_reads_do_not_count_toward_itpm(topic):
     assert r1.status == 200 and r2.status == 200
     assert r2.json()["usage"]["cache_read_input_tokens"] > 1_000  # more than the whole remaining budget
     assert r3.status == 429 and "input tokens" in r3.json()["error"]["message"]
+
+
+def test_limits_resized_mid_run_keep_their_level_up_to_the_new_size():
+    now = [0.0]
+    limits = Limits({"requests": 60, "tokens": 600}, clock=lambda: now[0])
+    assert limits.admit({"requests": 10, "tokens": 100}) is None
+    limits.resize({"requests": 30, "tokens": 1200})
+    state = limits.snapshot()
+    assert state["requests"].limit == 30 and state["requests"].remaining == 30  # 50 held, clipped to the new size
+    assert state["tokens"].limit == 1200 and state["tokens"].remaining == 500  # what it held, room to refill
+    now[0] = 6.0
+    assert limits.snapshot()["tokens"].remaining == 620  # refilling at the new rate: 20 a second

@@ -1,0 +1,47 @@
+"""A run's place in the gateway tier, as the dispatcher opens and closes it: the pool's alias registered with its
+deployments, the run's key minted (scoped to that alias, expiring, carrying the run's cap as its budget where no
+provider key per run holds it: dispatcher/provider_keys), and at the run's end (finished, cancelled or failed) the
+key revoked."""
+
+from __future__ import annotations
+
+import hashlib
+
+import psycopg
+from pydantic import BaseModel
+
+from contract import signing
+from gateway import aliases, keys
+
+
+class RunGateway(BaseModel):
+    url: str  # the gateway, as the dispatcher reaches it
+    alias: str  # the pool's name at the gateway: what the shims send as the model
+    key: str  # the run's gateway key: the only upstream credential its tasks get
+
+
+def key_name(provider_key: str) -> str:
+    """A provider key's name in the gateway's key file: a digest, so that names reveal nothing and one key
+    registered twice is one entry."""
+    return "key-" + hashlib.sha256(provider_key.encode()).hexdigest()[:16]
+
+
+def deployment(provider: str, model: str, upstream_url: str, key_name: str) -> aliases.Deployment:
+    """The deployment of `model` at `upstream_url` (the base URL the shim would call directly). LiteLLM appends
+    /chat/completions to an OpenAI api_base and /v1/messages to an Anthropic one."""
+    base = upstream_url.rstrip("/").removesuffix("/v1")
+    return aliases.Deployment(model=f"{provider}/{model}", api_base=base + "/v1" if provider == "openai" else base,
+                              key_name=key_name)
+
+
+def open_run(conn: psycopg.Connection, valkey, spec, run_secret: bytes, url: str, alias: str,
+             deployments: list[aliases.Deployment], budget_usd: float | None) -> RunGateway:
+    aliases.register(conn, alias, deployments)
+    key = signing.gateway_key(run_secret)
+    keys.mint(conn, valkey, key, keys.KeyRecord(owner=spec.run.name, aliases=[alias], budget_usd=budget_usd,
+                                                expires_at=keys.expiry(spec.gateway.key_ttl_s)))
+    return RunGateway(url=url, alias=alias, key=key)
+
+
+def close_run(conn: psycopg.Connection, valkey, run: str) -> None:
+    keys.revoke(conn, valkey, run)

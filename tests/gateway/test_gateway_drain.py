@@ -1,0 +1,47 @@
+"""The meter's drain (gateway/runtime.py): rows move from Valkey to PostgreSQL under a short lease, and a drain that
+lost its lease mid-way trims nothing, so a replica killed or stalled while draining loses no row."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from gateway.config import GatewaySettings
+from gateway.runtime import ROW_FIELDS, Runtime
+
+
+def _row(owner: str, i: int) -> dict:
+    row = dict.fromkeys(ROW_FIELDS, 0) | {
+        "gateway_call_id": f"{owner}-{i}", "owner": owner, "alias": "a", "deployment": "d", "route": "acompletion",
+        "started_at": "2026-12-06T00:00:00+00:00", "status": "ok", "replica": "replica-0"}
+    return row
+
+
+def test_a_drain_that_lost_its_lease_leaves_the_rows_for_the_next(database_url, valkey_url, pg, unique, tmp_path):
+    async def go() -> tuple[int, int, int, int]:
+        rt = Runtime(GatewaySettings(database_url=database_url, valkey_url=valkey_url,
+                                     provider_keys_file=tmp_path / "keys.json"))
+        rt.rows_key, rt.lock_key = f"test:{unique}:rows", f"test:{unique}:lock"  # not the live tier's
+        for i in range(3):
+            await rt.valkey.rpush(rt.rows_key, json.dumps(_row(unique, i)))
+        insert = rt._query
+
+        async def stalled(fn):  # the lease runs out during the INSERT and another replica's drain takes the lock
+            await rt.valkey.set(rt.lock_key, "another replica", px=300)
+            return await insert(fn)
+
+        rt._query = stalled
+        lost = await rt.drain()
+        left = await rt.valkey.llen(rt.rows_key)
+        rt._query = insert
+        await asyncio.sleep(0.4)
+        moved = await rt.drain()
+        remaining = await rt.valkey.llen(rt.rows_key)
+        await rt.valkey.aclose()
+        return lost, left, moved, remaining
+
+    lost, left, moved, remaining = asyncio.run(go())
+    assert (lost, left) == (0, 3)  # nothing trimmed by the drain whose lease ran out
+    assert (moved, remaining) == (3, 0)
+    count = pg.execute("SELECT count(*) FROM gateway_calls WHERE owner = %s", (unique,)).fetchone()[0]
+    assert count == 3  # the first drain's INSERT and the second's land each row once

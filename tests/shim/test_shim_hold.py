@@ -1,0 +1,56 @@
+"""A run's call hold (`pause --hold-calls`) through the shim: a new call waits in the shim until the hold is lifted
+(a call already upstream finishes), its ledger row says how long, and the attempt's wall time does not run while it
+waits."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from shim.hold import set_hold
+
+ASK = {"model": "harness-model", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_a_held_run_holds_new_calls_until_resumed_and_not_against_its_wall_time(sim, shim, valkey):
+    url = sim(ttft_ms=800)  # a call takes 0.8 s upstream: one can be there when the hold is set
+    s = shim(url, limits={"wall_time_s": 1.0}, hold_poll_s=0.05)
+    a, run = s.anthropic(), s.cfg.ref.run
+    answers: dict[str, object] = {}
+
+    def ask(name: str) -> threading.Thread:
+        t = threading.Thread(target=lambda: answers.__setitem__(name, a.messages.create(**ASK)))
+        t.start()
+        return t
+
+    try:
+        upstream = ask("upstream")
+        time.sleep(0.3)
+        set_hold(valkey, run, True)
+        time.sleep(0.2)  # past the shim's hold_poll_s: a new call sees the hold
+        t0 = time.monotonic()
+        held = ask("held")
+        upstream.join(timeout=10)
+        assert "upstream" in answers  # already upstream: it finished under the hold
+        time.sleep(2.5)
+        assert "held" not in answers  # still waiting in the shim ...
+        st = s.status()
+        assert st["in_flight"] == 1 and st["stopped"] is None
+        # ... and the task's wall-time guard (harness/task.py: deadline + status held_s) counts it while it waits:
+        # longer already than the attempt's 1 s wall time
+        assert st["held_s"] >= 2.4
+    finally:
+        set_hold(valkey, run, False)
+    held.join(timeout=10)
+    took = time.monotonic() - t0
+    assert answers["held"].content[0].text and took >= 2.5
+    answers["after"] = a.messages.create(**ASK)  # the hold is lifted: not held
+
+    rows = {r["call_id"]: r for r in s.rows()}
+    assert [r["outcome"] for r in rows.values()] == ["ok"] * 3
+    held_ms = sorted(r["held_ms"] for r in rows.values())
+    assert held_ms[:2] == [0, 0]  # the call already upstream and the one after the resume
+    assert 2500 <= held_ms[2] <= took * 1000 + 50  # the held call, as long as it waited
+    st = s.status()
+    assert st["stopped"] is None  # past the 1 s wall time by the held time, and not ended by it
+    assert abs(st["held_s"] * 1000 - held_ms[2]) < 5
