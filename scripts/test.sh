@@ -57,16 +57,18 @@ if [ "$mode" = all ]; then
   prebuild
   exec .venv/bin/python -m pytest --durations=15 "$@"
 fi
-# Each session has its own database (tests/conftest.py); the services session's output is printed when it ends.
+# Each session has its own database (tests/conftest.py); the services session's output is printed when it ends. Each
+# session's every test time goes to .state/junit/ (where CI's time goes).
+mkdir -p .state/junit
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-.venv/bin/python -m pytest --durations=15 -m "services and not alone" "$@" >"$log" 2>&1 &
+.venv/bin/python -m pytest --durations=15 -m "services and not alone" --junitxml=.state/junit/services.xml "$@" >"$log" 2>&1 &
 services=$!
 rc=0
 prebuild
-.venv/bin/python -m pytest --durations=15 -m "(docker or e2e) and not alone" "$@" || rc=1
+.venv/bin/python -m pytest --durations=15 -m "(docker or e2e) and not alone" --junitxml=.state/junit/docker-e2e.xml "$@" || rc=1
 wait "$services" || rc=1
 echo "::: the services tier, beside the docker and e2e tiers" >&2
 cat "$log"
-.venv/bin/python -m pytest --durations=5 -m "alone and not unit" "$@" || rc=1
+.venv/bin/python -m pytest --durations=5 -m "alone and not unit" --junitxml=.state/junit/alone.xml "$@" || rc=1
 exit "$rc"
