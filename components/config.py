@@ -7,6 +7,7 @@ import ipaddress
 import json
 import math
 import os
+import re
 from typing import Any
 
 import pulumi
@@ -63,8 +64,8 @@ class EstateConfig(BaseModel):
     trajectory_ia_days: int = key("trajectoryIaDays", 30)
     trajectory_expiry_days: int = key("trajectoryExpiryDays", 365)
     # images
-    litellm_image: str = key("litellmImage", "ghcr.io/berriai/litellm")
-    litellm_image_tag: str = key("litellmImageTag", "main-stable")
+    # the gateway's replicas run LiteLLM with this project's gateway/ plugin code, so theirs is a platform image
+    gateway_image_tag: str = key("gatewayImageTag", "gateway-latest")
     eval_worker_image_tag: str = key("evalWorkerImageTag", "eval-worker-latest")
     judge_image_tag: str = key("judgeImageTag", "judge-latest")
     package_index_image_tag: str = key("packageIndexImageTag", "package-index-latest")
@@ -114,6 +115,15 @@ class EstateConfig(BaseModel):
             except json.JSONDecodeError as e:
                 raise ValueError(f"expected a JSON list of strings, got {v!r}") from e
         return v  # anything but a list of strings fails the tuple's own validation
+
+    @field_validator("gateway_providers")
+    @classmethod
+    def _provider_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        """Each is a secret's name (under <prefix>/gateway/provider-keys/) and a spec's model.api_key_env."""
+        bad = [n for n in v if not re.fullmatch(r"[A-Za-z0-9_]+", n)]
+        if bad:
+            raise ValueError(f"gatewayProviders: names are letters, digits and underscores, not {bad}")
+        return v
 
     @field_validator("az_count")
     @classmethod

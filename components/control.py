@@ -156,6 +156,7 @@ class HeadNodeArgs:
     pass_role_arns: list[pulumi.Input[str]]
     repo_arns: list[pulumi.Input[str]]
     secret_arns: list[pulumi.Input[str]]
+    managed_secret_arns: list[pulumi.Input[str]] = ()  # secrets it creates, replaces and deletes but never reads
     instance_type: str = "m6i.large"
     disk_gb: int = 100
     log_retention_days: int = 30
@@ -230,6 +231,10 @@ class HeadNode(pulumi.ComponentResource):
                 *ecr_pull_statements(args.repo_arns),
                 statement(["ecr:DescribeImages", "ecr:DescribeRepositories", "ecr:ListImages"], args.repo_arns),
                 statement(["secretsmanager:GetSecretValue"], args.secret_arns),
+                *([statement(["secretsmanager:CreateSecret", "secretsmanager:PutSecretValue",
+                              "secretsmanager:DeleteSecret", "secretsmanager:DescribeSecret",
+                              "secretsmanager:TagResource"], list(args.managed_secret_arns))]
+                  if args.managed_secret_arns else []),
                 statement(["elasticache:Connect"], [args.valkey_arn]),
                 *logs_statements([logs.arn]),
             ],

@@ -5,6 +5,10 @@ from the runtime under /opt/evalplane) starts the shim as its own child, then th
 environment at /testbed. Every attempt runs its own task image, and RunTask cannot override an image, so the
 dispatcher registers one revision of this family per task image, derived from this template with only the image
 replaced (dispatcher/launchers/task_definitions.py); the template's own image is a placeholder never run.
+
+The template holds no upstream key: a run's revisions add its own gateway key, a secret under <prefix>/runs/ that the
+dispatcher makes when the run opens and deletes when it ends (dispatcher/backends/aws.py). The execution role reads
+only those and the harness Valkey user: never a provider key or the gateway's master key.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from components.common import (
     statement,
     tags,
 )
+from components.gateway import secret_arn_pattern
 from components.tiers import TaskDefinitionArgs, awslogs, ecs_cluster, log_group, task_definition
 from contract import task_shape, valkey_auth
 
@@ -66,15 +71,9 @@ class HarnessFleet(pulumi.ComponentResource):
             opts=child(self),
         )
         self.log_group = log_group(self, name, f"/{p}/harness", args.log_retention_days, t)
-        # The key tasks present upstream (a gateway virtual key): the task runner hands it to its shim alone.
-        self.upstream_key = aws.secretsmanager.Secret(
-            f"{name}-upstream-key",
-            name_prefix=f"{p}/harness/upstream-key-",
-            description="The key harness tasks present to the gateway (a LiteLLM virtual key); set the value out of band",
-            kms_key_id=args.key_arn,
-            tags=t,
-            opts=child(self),
-        )
+        # Each run's gateway key: the task runner hands it to its shim alone (the secrets are the dispatcher's to make)
+        self.run_secrets_prefix = run_secrets_prefix(p)
+        self.run_secrets_arn_pattern = secret_arn_pattern(self.run_secrets_prefix)
         self.execution_role = role_with_policy(
             self,
             f"{name}-exec-role",
@@ -83,7 +82,7 @@ class HarnessFleet(pulumi.ComponentResource):
             [
                 *ecr_pull_statements([args.task_images_repo_arn]),
                 *logs_statements([self.log_group.arn]),
-                statement(["secretsmanager:GetSecretValue"], [self.upstream_key.arn, args.valkey_secret_arn]),
+                statement(["secretsmanager:GetSecretValue"], [self.run_secrets_arn_pattern, args.valkey_secret_arn]),
                 statement(["kms:Decrypt"], [args.key_arn]),
             ],
             t,
@@ -101,8 +100,8 @@ class HarnessFleet(pulumi.ComponentResource):
             t,
         )
         containers = pulumi.Output.all(
-            args.task_images_repo_url, self.log_group.name, region(), self.upstream_key.arn, args.valkey_secret_arn
-        ).apply(lambda a: json.dumps([task_container(f"{a[0]}:{TEMPLATE_IMAGE_TAG}", a[1], a[2], a[3], a[4])]))
+            args.task_images_repo_url, self.log_group.name, region(), args.valkey_secret_arn
+        ).apply(lambda a: json.dumps([task_container(f"{a[0]}:{TEMPLATE_IMAGE_TAG}", a[1], a[2], a[3])]))
         self.task_definition = task_definition(
             self,
             name,
@@ -121,19 +120,24 @@ class HarnessFleet(pulumi.ComponentResource):
         )
         self.cluster_arn = self.cluster.arn
         self.task_definition_arn = self.task_definition.arn
-        self.upstream_key_arn = self.upstream_key.arn
         self.register_outputs(
             {
                 "clusterArn": self.cluster_arn,
                 "taskDefinitionArn": self.task_definition_arn,
-                "upstreamKeySecretArn": self.upstream_key_arn,
+                "runSecretsPrefix": self.run_secrets_prefix,
             }
         )
 
 
-def task_container(image: str, log_group: str, region_name: str, upstream_key_arn: str, valkey_secret_arn: str) -> dict:
+def run_secrets_prefix(prefix: str) -> str:
+    """Names of runs' own secrets ({prefix}/runs/{run}/gateway-key): what the harness execution role may read."""
+    return f"{prefix}/runs/"
+
+
+def task_container(image: str, log_group: str, region_name: str, valkey_secret_arn: str) -> dict:
     """The one container of every agent task (contract/task_shape.py): RunTask overrides its command and adds its
-    attempt key (contract.signing.ATTEMPT_KEY_ENV) to its environment. Secrets: the upstream key, the Valkey user."""
+    attempt key (contract.signing.ATTEMPT_KEY_ENV) to its environment. Secrets: the Valkey user (a run's revision
+    adds the run's gateway key, task_shape.UPSTREAM_KEY_ENV)."""
     return {
         "name": task_shape.CONTAINER,
         "image": image,
@@ -144,7 +148,6 @@ def task_container(image: str, log_group: str, region_name: str, upstream_key_ar
             {"name": "AWS_REGION", "value": region_name},
         ],
         "secrets": [
-            {"name": task_shape.UPSTREAM_KEY_ENV, "valueFrom": upstream_key_arn},
             {"name": valkey_auth.USER_ENV, "valueFrom": f"{valkey_secret_arn}:username::"},
             {"name": valkey_auth.PASSWORD_ENV, "valueFrom": f"{valkey_secret_arn}:password::"},
         ],

@@ -14,6 +14,11 @@ from pydantic import BaseModel
 DATABASE_ENV = "GATEWAY_DATABASE_URL"
 VALKEY_ENV = "GATEWAY_VALKEY_URL"
 KEYFILE_ENV = "GATEWAY_PROVIDER_KEYS_FILE"
+KEY_STORE_ENV = "GATEWAY_PROVIDER_KEYS_STORE"  # a store in gateway.keyfile.KEY_STORES ("file" unless set)
+KEY_PREFIX_ENV = "GATEWAY_PROVIDER_KEYS_PREFIX"  # the secretsmanager store's secret names start with it
+# An estate hands a replica its database and Valkey users as ECS secrets, apart from the URLs (which carry none)
+DATABASE_USER_ENV, DATABASE_PASSWORD_ENV = "GATEWAY_DATABASE_USER", "GATEWAY_DATABASE_PASSWORD"
+VALKEY_USER_ENV, VALKEY_PASSWORD_ENV = "GATEWAY_VALKEY_USER", "GATEWAY_VALKEY_PASSWORD"
 REPLICA_ENV = "GATEWAY_REPLICA"
 MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
 HEALTH_MODEL = "gateway-health"  # a mock deployment: the router exists before any alias is loaded
@@ -22,7 +27,9 @@ HEALTH_MODEL = "gateway-health"  # a mock deployment: the router exists before a
 class GatewaySettings(BaseModel):
     database_url: str
     valkey_url: str
-    provider_keys_file: Path
+    provider_keys_file: Path | None = None  # the "file" store's 0600 file
+    provider_keys_store: str = "file"  # where the replicas find the provider keys deployments name (keyfile.py)
+    provider_keys_prefix: str = ""  # the "secretsmanager" store's secret-name prefix
     replica: str = "gateway"
     alias_refresh_s: float = 5.0  # a replica re-reads an alias's deployments this often
     drain_interval_s: float = 0.5  # how often meter rows move from Valkey to PostgreSQL
@@ -30,12 +37,25 @@ class GatewaySettings(BaseModel):
 
     @classmethod
     def from_env(cls) -> GatewaySettings:
-        return cls(database_url=os.environ[DATABASE_ENV], valkey_url=os.environ[VALKEY_ENV],
-                   provider_keys_file=Path(os.environ[KEYFILE_ENV]), replica=os.environ.get(REPLICA_ENV, "gateway"))
+        """The replica's settings; a URL without credentials gets the user and password of its own variables."""
+        from contract.valkey_auth import with_credentials
+
+        env = os.environ
+        database = with_credentials(env[DATABASE_ENV], env.get(DATABASE_USER_ENV, ""),
+                                    env.get(DATABASE_PASSWORD_ENV, ""))
+        valkey = with_credentials(env[VALKEY_ENV], env.get(VALKEY_USER_ENV, ""), env.get(VALKEY_PASSWORD_ENV, ""))
+        return cls(database_url=database, valkey_url=valkey,
+                   provider_keys_file=Path(env[KEYFILE_ENV]) if env.get(KEYFILE_ENV) else None,
+                   provider_keys_store=env.get(KEY_STORE_ENV) or "file",
+                   provider_keys_prefix=env.get(KEY_PREFIX_ENV, ""), replica=env.get(REPLICA_ENV, "gateway"))
 
     def env(self) -> dict[str, str]:
-        return {DATABASE_ENV: self.database_url, VALKEY_ENV: self.valkey_url,
-                KEYFILE_ENV: str(self.provider_keys_file), REPLICA_ENV: self.replica}
+        out = {DATABASE_ENV: self.database_url, VALKEY_ENV: self.valkey_url, REPLICA_ENV: self.replica}
+        if self.provider_keys_file is not None:
+            out[KEYFILE_ENV] = str(self.provider_keys_file)
+        if self.provider_keys_store != "file":
+            out |= {KEY_STORE_ENV: self.provider_keys_store, KEY_PREFIX_ENV: self.provider_keys_prefix}
+        return out
 
 
 def litellm_config() -> dict:

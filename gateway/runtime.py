@@ -105,15 +105,16 @@ class Runtime:
         row = await self._query(find)
         if row is None:
             return False
-        provider_keys = keyfile.read(self.settings.provider_keys_file)
         from litellm.types.router import Deployment, LiteLLM_Params, ModelInfo
 
         wanted = [aliases.Deployment.model_validate(x) for x in row[0]]
+        store = keyfile.store(self.settings)  # a file here, Secrets Manager on an estate: calls that may block
+        provider_keys = await asyncio.to_thread(lambda: {d.key_name: store.get(d.key_name) for d in wanted})
         for d in wanted:
             router.upsert_deployment(Deployment(
                 model_name=alias, model_info=ModelInfo(id=d.id),
                 litellm_params=LiteLLM_Params(model=d.model, api_base=d.api_base,
-                                              api_key=provider_keys.get(d.key_name, ""))))
+                                              api_key=provider_keys[d.key_name] or "")))
         for gone in {x["model_info"]["id"] for x in router.get_all_deployments(model_name=alias)} - {d.id for d in wanted}:
             router.delete_deployment(gone)  # the alias was registered again without it (a run resumed elsewhere)
         self._loaded[alias] = time.monotonic()

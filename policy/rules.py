@@ -80,7 +80,7 @@ REGISTER_TD = ("ecs:RegisterTaskDefinition",
 WILDCARD_ALLOWLIST: dict[str, dict[str, tuple[str, str | None]]] = {
     "harness-exec": {ECR_AUTH[0]: ECR_AUTH[1:]},
     "harness-task": {},
-    "gateway-exec": {},
+    "gateway-exec": {ECR_AUTH[0]: ECR_AUTH[1:]},  # its image is in <prefix>/platform (the gateway/ plugin code)
     "gateway-task": {},
     "eval-instance": {ECR_AUTH[0]: ECR_AUTH[1:], ECS_AGENT[0]: ECS_AGENT[1:]},
     "eval-exec": {ECR_AUTH[0]: ECR_AUTH[1:]},

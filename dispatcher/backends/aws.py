@@ -2,15 +2,21 @@
 prefix, the estate's Valkey as the dispatcher's user, the verdict key from Secrets Manager, tasks on Fargate through
 the ECS launcher, eval workers on the estate's EC2 eval cluster (launched, and their placement retried, by the same
 launcher), and task images looked up in the estate's ECR (a build tier builds them; a run never does).
+
+With [gateway], the estate's gateway service (components/gateway.py) is the tier: the run's key is minted in the
+estate's database and put in a secret of the run's own ({prefix}/runs/{run}/gateway-key), which the run's task
+definitions name (dispatcher/launchers/ecs.py): a task holds that key alone, and no RunTask or DescribeTasks shows it.
+The provider keys stay in the gateway's Secrets Manager store (gateway/keyfile.py), which only its replicas read.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 from pathlib import Path
 
-from contract import aws
+from contract import aws, task_shape
 from contract.signing import RunKeys
 from dispatcher.backends.base import Backend, key_folder
 from dispatcher.backends.resources import RunResources
@@ -22,6 +28,12 @@ class AwsBackend(Backend):
     builds_images = False
     local_stack = False
     spot_capacity = True  # the estate's harness cluster has the FARGATE_SPOT capacity provider
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        # what the run's task definitions add to their container's secrets (env name -> secret ARN): open_gateway's
+        self.task_secrets: dict[str, str] = {}
+        self.provider_admin: tuple[str, str] | None = None  # (URL, admin key) of the run's ProviderKeys
 
     @classmethod
     def spec_problem(cls, backend_spec) -> str | None:
@@ -76,3 +88,88 @@ class AwsBackend(Backend):
         """On the eval cluster, through the run's ECS launcher (which retries those not placed in retry_pending)."""
         self.launcher.launch_eval_workers(self.spec.eval.workers, run=self.spec.run.name, command=[
             "--queue", res.eval_queue_url, "--backend", self.spec.eval.backend, "--idle-exit", "900"])
+
+    # ------------------------------------------------------------------ the gateway tier
+    def run_key_secret_name(self) -> str:
+        """The run's gateway key's secret: under the prefix the harness execution role may read, nothing else."""
+        return f"{self.outputs.required('run_secrets_prefix')}{self.spec.run.name}/gateway-key"
+
+    def key_store(self):
+        """The gateway's provider keys: the estate's Secrets Manager store, which only the replicas read."""
+        from gateway import keyfile
+        from gateway.config import GatewaySettings
+
+        return keyfile.store(GatewaySettings(database_url="", valkey_url="", provider_keys_store="secretsmanager",
+                                             provider_keys_prefix=self.outputs.required("gateway_provider_keys_prefix")))
+
+    def open_gateway(self, plan, conn, valkey_url: str, run_keys: RunKeys, upstream: str, provider_key: str):
+        """The estate's gateway service: its replicas' database role made from its secret, the pool's alias
+        registered with the provider's endpoint (model.base_url) and a provider key of the gateway's store (the
+        operator's, named model.api_key_env; or the run's own, minted with the run's cap by [gateway]
+        provider_keys with the account key in model.api_key_env here), the run's key minted and put in the run's
+        secret for its task definitions."""
+        import redis
+
+        from dispatcher.provider_keys import lifecycle
+        from gateway import grants, runs
+
+        spec, out = self.spec, self.outputs
+        if not spec.model.base_url:
+            raise RuntimeError("model.base_url: on the aws backend the gateway's deployment of the model needs the"
+                               " provider's endpoint")
+        sm = aws.client("secretsmanager")
+        role = json.loads(sm.get_secret_value(SecretId=out.required("gateway_database_secret_arn"))["SecretString"])
+        grants.ensure_replica_role(conn, role["username"], role["password"])
+        store = self.key_store()
+        name = spec.model.api_key_env  # the operator's key: a secret of the store, set out of band
+        if spec.provider_keys is not None:
+            admin = provider_key or os.environ.get(spec.model.api_key_env, "")
+            if not admin:
+                raise RuntimeError(f"model.api_key_env: gateway.provider_keys mints the run's key with the account's"
+                                   f" key, and environment variable {spec.model.api_key_env} is not set")
+            self.provider_admin = (spec.model.base_url, admin)
+            name, key = lifecycle.open_key(conn, spec.provider_keys, spec.model.base_url, admin, spec.run.name,
+                                           spec.budget.run_usd, runs.key_name)
+            if key is not None:
+                store.put(name, key)
+        else:
+            try:  # metadata only: the dispatcher may not read a provider key
+                sm.describe_secret(SecretId=store.secret_id(name))
+            except sm.exceptions.ResourceNotFoundException:
+                raise RuntimeError(f"model.api_key_env: the estate's gateway has no provider key {name!r} (secret"
+                                   f" {store.secret_id(name)}; stack config gatewayProviders)") from None
+        gw = runs.open_run(conn, redis.Redis.from_url(valkey_url), spec, run_keys.run_secret, out.gateway_url,
+                           spec.pool, [runs.deployment(spec.model.provider, spec.model.model, spec.model.base_url,
+                                                       name)],
+                           budget_usd=None if spec.provider_keys is not None else spec.budget.run_usd)
+        self.task_secrets = {task_shape.UPSTREAM_KEY_ENV: self._put_run_secret(gw.key)}
+        return gw
+
+    def _put_run_secret(self, key: str) -> str:
+        """The run's key in its own secret (made, or its value replaced on a resume); its ARN."""
+        sm, name = aws.client("secretsmanager"), self.run_key_secret_name()
+        try:
+            return sm.create_secret(Name=name, SecretString=key, Description="A run's gateway key (evalplane)",
+                                    Tags=[{"Key": "evalplane:run", "Value": self.spec.run.name}],
+                                    **({"KmsKeyId": self.outputs.kms_key_arn}
+                                       if getattr(self.outputs, "kms_key_arn", None) else {}))["ARN"]
+        except sm.exceptions.ResourceExistsException:
+            return sm.put_secret_value(SecretId=name, SecretString=key)["ARN"]
+
+    def close_gateway(self, conn, valkey) -> None:
+        """The run's key revoked (gateway/runs.py), its secret deleted at once, and its provider key (where it has
+        one) revoked after its usage is recorded, then removed from the gateway's store. Idempotent."""
+        from dispatcher import store as records
+        from dispatcher.provider_keys import lifecycle
+
+        super().close_gateway(conn, valkey)
+        sm = aws.client("secretsmanager")
+        try:
+            sm.delete_secret(SecretId=self.run_key_secret_name(), ForceDeleteWithoutRecovery=True)
+        except sm.exceptions.ResourceNotFoundException:
+            pass
+        if self.provider_admin is not None:
+            lifecycle.close_key(conn, *self.provider_admin, self.spec.run.name)
+            row = records.provider_key(conn, self.spec.run.name)
+            if row is not None:
+                self.key_store().delete(row.key_name)

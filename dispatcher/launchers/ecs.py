@@ -10,8 +10,10 @@ pending and is retried later (`retry_pending`, or on `poll`), the eval deficit l
 
 Every attempt runs its own task image (contract/task_shape.py): RunTask cannot override an image, so the attempt
 runs the template's revision for its image (task_definitions.py: registered once per image digest, cached in
-PostgreSQL across dispatchers, paced). Overrides carry only the job reference: the provider key comes from the task
-definition's Secrets Manager secret. Tags and startedBy name run and attempt, so `find_running` rebuilds handles
+PostgreSQL across dispatchers, paced). Overrides carry only the job reference and the attempt's signing key: the
+run's gateway key comes from the run's own Secrets Manager secret, which the run's revisions name in their container's
+`secrets` (RunTask cannot override secrets, and DescribeTasks shows an environment override to anyone allowed to
+call it). Tags and startedBy name run and attempt, so `find_running` rebuilds handles
 after a restart.
 """
 
@@ -184,14 +186,14 @@ class EcsLauncher(Launcher):
 
     @classmethod
     def create(cls, ctx: LaunchContext) -> EcsLauncher:
-        """From the run's estate (its backend's stack outputs). The provider key and Valkey's harness user reach
-        tasks from Secrets Manager through their task definition; the attempt key rides in each RunTask's
-        environment override."""
+        """From the run's estate (its backend's stack outputs). The run's gateway key (the backend's task_secrets,
+        made by its open_gateway) and Valkey's harness user reach tasks from Secrets Manager through their task
+        definition; the attempt key rides in each RunTask's environment override."""
         spec = ctx.plan.spec
         return cls.from_stack_outputs(ctx.backend.outputs, spec.backend.spot,
                                       launch_rate_per_s=spec.backend.launch_rate_per_s,
                                       launch_burst=spec.backend.launch_burst, attempt_env=ctx.attempt_env,
-                                      resources=spec.backend.resources)
+                                      resources=spec.backend.resources, secrets=ctx.backend.task_secrets)
 
     @classmethod
     def problem(cls, spec) -> str | None:
@@ -204,13 +206,14 @@ class EcsLauncher(Launcher):
                  revision_cache: RevisionCache | None = None, register_rate_per_s: float = 1.0,
                  register_burst: int = 5, launch_rate_per_s: float = FARGATE_LAUNCH_RATE_PER_S,
                  launch_burst: int = FARGATE_LAUNCH_BURST, attempt_env: AttemptEnv = no_attempt_env,
-                 resources: TaskResources | None = None):
+                 resources: TaskResources | None = None, secrets: dict[str, str] | None = None):
         """revision_cache: where task-image revisions are shared between dispatchers (default: the
         `task_definitions` table in DATABASE_URL); register_rate_per_s, register_burst: the pace of
         RegisterTaskDefinition calls; launch_rate_per_s, launch_burst: the account's task launch quota RunTask is
         paced to (tasks a second, and the burst); attempt_env(ref): the environment one attempt's task gets in its
         RunTask override (its attempt key; its other secrets come from the task definition); resources: each task's
-        size and its container's memory guarantee and limit, as RunTask overrides (None: the task definition's)."""
+        size and its container's memory guarantee and limit, as RunTask overrides (None: the task definition's);
+        secrets: what the run's revisions add to the container's secrets (env name -> secret ARN: its gateway key)."""
         self.attempt_env = attempt_env
         self.resources = resources
         self.harness, self.eval = harness, eval_workers
@@ -233,7 +236,7 @@ class EcsLauncher(Launcher):
         self._eval_command: list[str] | None = None
         self.revisions = TaskImageRevisions(
             harness.task_definition, harness.container, revision_cache or PgRevisionCache(), self._call,
-            TokenBucket(register_rate_per_s, register_burst, sleep=sleep))
+            TokenBucket(register_rate_per_s, register_burst, sleep=sleep), secrets)
         self.launch_pace = TokenBucket(launch_rate_per_s, launch_burst, sleep=sleep)
         self.meter = LaunchMeter()
 

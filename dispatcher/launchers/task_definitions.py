@@ -11,6 +11,8 @@ own token bucket (ECS throttles it far below RunTask).
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import re
 import threading
 from collections.abc import Callable
@@ -50,9 +52,10 @@ def register_fields() -> frozenset[str]:
 
 
 def derive_revision(template: dict[str, Any], tags: list[dict[str, str]], container: str, image: str,
-                    template_arn: str) -> dict[str, Any]:
+                    template_arn: str, secrets: dict[str, str] | None = None) -> dict[str, Any]:
     """RegisterTaskDefinition's arguments for `image`: the template (as DescribeTaskDefinition returns it) with only
-    `container`'s image replaced, and the template's tags plus which template and image it came from."""
+    `container`'s image replaced (and `secrets`, env name -> secret ARN, added to its secrets), and the template's
+    tags plus which template and image it came from."""
     args = {k: v for k, v in template.items() if k in register_fields() and k != "tags" and v is not None}
     containers = [dict(c) for c in args.get("containerDefinitions", [])]
     named = [c for c in containers if c.get("name") == container]
@@ -60,6 +63,9 @@ def derive_revision(template: dict[str, Any], tags: list[dict[str, str]], contai
         raise ValueError(f"template {template_arn} has no single container named {container!r} "
                          f"(has {[c.get('name') for c in containers]})")
     named[0]["image"] = image
+    if secrets:
+        kept = [x for x in named[0].get("secrets", []) if x["name"] not in secrets]
+        named[0]["secrets"] = kept + [{"name": k, "valueFrom": v} for k, v in secrets.items()]
     args["containerDefinitions"] = containers
     extra = {T_TEMPLATE: template_arn, T_IMAGE_DIGEST: image.rpartition("@")[2]}
     args["tags"] = [t for t in tags if t["key"] not in extra] + [{"key": k, "value": v} for k, v in extra.items()]
@@ -111,8 +117,13 @@ class TaskImageRevisions:
     call: the launcher's ECS call (it backs off and retries on throttling); pace: the registration token bucket."""
 
     def __init__(self, template: str, container: str, cache: RevisionCache, call: Callable[..., dict],
-                 pace: TokenBucket):
+                 pace: TokenBucket, secrets: dict[str, str] | None = None):
+        """secrets: what the revisions add to the container's secrets (a run's own: its revisions are then the
+        run's, cached under the template and a digest of them)."""
         self.template, self.container = template, container
+        self.secrets = dict(secrets or {})
+        self.cache_key = template if not self.secrets else \
+            f"{template}#secrets-{hashlib.sha256(json.dumps(self.secrets, sort_keys=True).encode()).hexdigest()[:16]}"
         self.cache, self._call, self.pace = cache, call, pace
         self._known: dict[str, str] = {}
         self._described: tuple[dict, list] | None = None
@@ -123,7 +134,7 @@ class TaskImageRevisions:
         image = check_image(image)
         found = self._known.get(image)
         if found is None:
-            found = self._known[image] = self.cache.get_or_register(self.template, image, lambda: self._register(image))
+            found = self._known[image] = self.cache.get_or_register(self.cache_key, image, lambda: self._register(image))
         return found
 
     def _describe(self) -> tuple[dict, list]:
@@ -135,7 +146,7 @@ class TaskImageRevisions:
 
     def _register(self, image: str) -> str:
         template, tags = self._describe()
-        args = derive_revision(template, tags, self.container, image, self.template)
+        args = derive_revision(template, tags, self.container, image, self.template, self.secrets)
         self.pace.acquire()
         arn = self._call("register_task_definition", **args)["taskDefinition"]["taskDefinitionArn"]
         self.registered += 1

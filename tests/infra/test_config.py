@@ -26,7 +26,7 @@ KEYS = [
     "prefix", "azCount", "vpcCidr", "harnessCidr", "targetTasks", "headroom", "natPerAz", "extraEndpoints",
     "auroraEngineVersion", "auroraMinAcu", "auroraMaxAcu", "valkeyNodeType", "valkeyEngineVersion",
     "protectData", "logRetentionDays", "logExpiryDays", "trajectoryIaDays", "trajectoryExpiryDays",
-    "litellmImage", "litellmImageTag", "evalWorkerImageTag", "judgeImageTag", "packageIndexImageTag",
+    "gatewayImageTag", "evalWorkerImageTag", "judgeImageTag", "packageIndexImageTag",
     "gatewayReplicas", "gatewayCpu", "gatewayMemory", "gatewayProviders", "harnessCpu", "harnessMemory",
     "harnessEphemeralGb", "judgeCpu", "judgeMemory", "queuePrefix", "evalInstanceType", "evalMaxInstances",
     "evalDiskGb", "evalWorkerCpu", "evalWorkerMemory", "packageIndexReplicas", "packageIndexUpstream",
@@ -56,7 +56,7 @@ def _dev_stack_config() -> dict[str, str]:
 
 
 def test_the_keys_are_the_documented_ones():
-    assert list(CONFIG_KEYS) == KEYS and len(KEYS) == 52
+    assert list(CONFIG_KEYS) == KEYS and len(KEYS) == 51
     doc = (ROOT / "docs/infra.md").read_text()
     assert all(f"`{k}`" in doc for k in KEYS)
 
@@ -97,7 +97,7 @@ def test_a_rule_broken_by_the_config_names_its_key(stack_config):
 
 
 def test_a_secret_value_is_not_echoed(stack_config, monkeypatch):
-    stack_config({"evalplane:litellmImage": "x", "evalplane:gatewayCpu": "hunter2"}, ["evalplane:gatewayCpu"])
+    stack_config({"evalplane:gatewayImageTag": "x", "evalplane:gatewayCpu": "hunter2"}, ["evalplane:gatewayCpu"])
     with pytest.raises(ConfigError, match="evalplane:gatewayCpu") as err:
         from_pulumi_config()
     assert "hunter2" not in str(err.value)

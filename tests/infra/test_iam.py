@@ -103,13 +103,15 @@ def test_build_tier_pushes_task_images_and_the_instance_mirror(estate_snapshot):
     assert any(r.inputs["securityGroupId"] == groups["evalplane-sg-aurora"]
                and r.inputs.get("referencedSecurityGroupId") == groups["evalplane-sg-build"] and r.inputs["fromPort"] == 5432
                for r in s.of("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"))
-    # harness tasks pull their task image, and read the upstream key and their Valkey user's secrets, nothing else
+    # harness tasks pull their task image, and read their run's key (a secret under <prefix>/runs/) and their Valkey
+    # user's secrets, nothing else
     exec_doc = p["harness-exec"]["Statement"]
     (pull,) = [st for st in exec_doc if "ecr:BatchGetImage" in st["Action"]]
     assert pull["Resource"] == [repos["evalplane/task-images"]]
     (secret,) = [st for st in exec_doc if "secretsmanager:GetSecretValue" in st["Action"]]
     valkey_user = s.one("aws:secretsmanager/secret:Secret", "evalplane-state-valkey-harness-secret").outputs["arn"]
-    assert secret["Resource"] == [s.outputs["harness_upstream_key_secret_arn"], valkey_user]
+    assert secret["Resource"] == ["arn:aws:secretsmanager:us-east-1:123456789012:secret:evalplane/runs/*", valkey_user]
+    assert s.outputs["run_secrets_prefix"] == "evalplane/runs/"
 
 
 def test_iam_violations_catches_bad_documents():

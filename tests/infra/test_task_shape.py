@@ -40,18 +40,16 @@ def test_the_task_runner_is_the_entrypoint_and_the_job_uri_its_only_argument(est
     assert task["essential"] is True
 
 
-def test_the_provider_key_is_a_secret_under_the_runner_s_variable(estate_snapshot):
+def test_the_template_holds_no_upstream_key_only_the_valkey_user(estate_snapshot):
+    """A run's revisions add the run's own gateway key (dispatcher/backends/aws.py); the template has none, and no
+    shared key exists for every run."""
     s = estate_snapshot
     (task,) = _containers(s)
     valkey_user = s.one("aws:secretsmanager/secret:Secret", "evalplane-state-valkey-harness-secret").outputs["arn"]
-    assert task["secrets"] == [{"name": task_shape.UPSTREAM_KEY_ENV,
-                                "valueFrom": s.outputs["harness_upstream_key_secret_arn"]},
-                               {"name": valkey_auth.USER_ENV, "valueFrom": f"{valkey_user}:username::"},
+    assert task["secrets"] == [{"name": valkey_auth.USER_ENV, "valueFrom": f"{valkey_user}:username::"},
                                {"name": valkey_auth.PASSWORD_ENV, "valueFrom": f"{valkey_user}:password::"}]
-    assert task_shape.UPSTREAM_KEY_ENV not in {e["name"] for e in task["environment"]}  # never in plain text
-    secret = s.one("aws:secretsmanager/secret:Secret", "evalplane-harness-upstream-key")
-    assert secret.outputs["arn"] == s.outputs["harness_upstream_key_secret_arn"]
-    assert secret.inputs["kmsKeyId"].startswith("arn:aws:kms:")
+    assert task_shape.UPSTREAM_KEY_ENV not in json.dumps(task)
+    assert not [x for x in s.of("aws:secretsmanager/secret:Secret") if "harness" in x.name and "valkey" not in x.name]
 
 
 def test_no_ports_sidecars_or_health_checks(estate_snapshot):

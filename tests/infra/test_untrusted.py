@@ -89,7 +89,7 @@ def test_the_verdict_key_reaches_the_eval_workers_and_the_dispatcher_never_a_tas
     assert {"name": valkey_auth.PASSWORD_ENV, "valueFrom": f"{harness_user}:password::"} in judge["secrets"]
     (gw,) = _containers(s, "evalplane-gateway")
     gw_user = s.one("aws:secretsmanager/secret:Secret", "evalplane-state-valkey-gateway-secret").outputs["arn"]
-    assert {"name": "REDIS_PASSWORD", "valueFrom": f"{gw_user}:password::"} in gw["secrets"]
+    assert {"name": "GATEWAY_VALKEY_PASSWORD", "valueFrom": f"{gw_user}:password::"} in gw["secrets"]
 
 
 def test_the_queue_patterns_are_the_dispatchers_queue_names():
@@ -182,7 +182,8 @@ def test_a_task_role_cannot_send_a_verdict_and_only_the_eval_role_can(estate_sna
 
 def test_a_task_image_revision_keeps_the_templates_secrets_and_nothing_else_changes(estate_snapshot):
     """The dispatcher registers one revision per task image from the template (task_definitions.derive_revision):
-    the Valkey user and upstream key stay ECS secrets, no secret value appears, only the image changes."""
+    the Valkey user stays an ECS secret, the run's key secret is added as one, no secret value appears, only the
+    image and the run's secret change."""
     from dispatcher.launchers.task_definitions import derive_revision
 
     (td,) = [r for r in estate_snapshot.of("aws:ecs/taskDefinition:TaskDefinition")
@@ -190,9 +191,12 @@ def test_a_task_image_revision_keeps_the_templates_secrets_and_nothing_else_chan
     template = {"family": "evalplane-harness", "containerDefinitions": json.loads(td.inputs["containerDefinitions"]),
                 "taskRoleArn": "arn:role/task", "executionRoleArn": "arn:role/exec"}
     image = "123456789012.dkr.ecr.us-east-1.amazonaws.com/evalplane/task-images@sha256:" + "a" * 64
-    (derived,) = derive_revision(template, [], "task", image, "arn:template")["containerDefinitions"]
+    run_key = "arn:aws:secretsmanager:us-east-1:123456789012:secret:evalplane/runs/r1/gateway-key-AbCdEf"
+    (derived,) = derive_revision(template, [], "task", image, "arn:template",
+                                 {"EVALPLANE_UPSTREAM_KEY": run_key})["containerDefinitions"]
     (original,) = template["containerDefinitions"]
-    assert derived == original | {"image": image}
+    assert derived == original | {"image": image, "secrets": [
+        *original["secrets"], {"name": "EVALPLANE_UPSTREAM_KEY", "valueFrom": run_key}]}
     assert {s["name"] for s in derived["secrets"]} == {"EVALPLANE_UPSTREAM_KEY", valkey_auth.USER_ENV,
                                                       valkey_auth.PASSWORD_ENV}
     assert signing.ATTEMPT_KEY_ENV not in json.dumps(derived)  # per attempt, in RunTask's override only
