@@ -201,3 +201,146 @@ workers = 2
     assert len(landed) == len(rows)
     assert all(t["lastStatus"] == "STOPPED" for t in ecs.describe_tasks(cluster=outputs.cluster_arn,
                                                                          tasks=harness)["tasks"])
+
+
+def _gateway_spec(tmp_path, outputs_file, run: str, **model) -> object:
+    from dispatcher.spec import load_spec
+
+    extra = "".join(f'{k} = "{v}"\n' for k, v in model.items())
+    path = tmp_path / "spec.toml"
+    path.write_text(f"""
+[run]
+name = "{run}"
+[harness]
+name = "mini-swe-agent"
+[model]
+provider = "anthropic"
+model = "claude-sonnet-4-5"
+base_url = "https://provider.example.invalid"
+{extra}
+[instances]
+dataset = "{SYNTHETIC / 'instances.jsonl'}"
+[budget]
+run_usd = 5
+[backend]
+kind = "aws"
+stack_outputs = "{outputs_file}"
+[images]
+instance_registry = "{MIRROR}"
+[gateway]
+""")
+    return load_spec(path)
+
+
+def _replica_url(database_url: str, user: str, password: str) -> str:
+    from urllib.parse import quote, urlsplit, urlunsplit
+
+    u = urlsplit(database_url)
+    return urlunsplit((u.scheme, f"{quote(user)}:{quote(password)}@{u.hostname}:{u.port}", u.path, u.query, ""))
+
+
+def _as_replica(settings, api_key: str):
+    """What a gateway replica's auth hook sees for api_key (gateway/runtime.py's Runtime.key), and the meter's
+    INSERT of one row under the replica's role."""
+    import asyncio
+
+    from gateway.runtime import Runtime
+
+    async def go():
+        rt = Runtime(settings)
+        try:
+            return await rt.key(api_key)
+        finally:
+            await rt.valkey.aclose()
+            if rt._db is not None:
+                await rt._db.close()
+    return asyncio.run(go())
+
+
+def test_open_gateway_puts_the_runs_key_in_a_secret_its_task_definitions_name(
+        estate, tmp_path, database_url, valkey_url, moto_endpoint, unique, run_keys):  # noqa: F811
+    """backend aws, [gateway]: open_gateway mints the run's key (hashed, in gateway_keys), registers the pool's alias
+    with the operator's provider key by name, makes the replicas' database role, and puts the key in the run's own
+    secret; the launcher's revisions name that secret (RunTask's overrides and DescribeTasks never show the key).
+    close_gateway revokes the key (a replica refuses it) and deletes the secret; twice is harmless."""
+    import psycopg
+    import pytest
+    import redis
+    from botocore.exceptions import ClientError
+
+    from contract import keys as vkeys
+    from dispatcher.backends.aws import AwsBackend
+    from gateway import aliases, keys
+    from gateway.config import GatewaySettings
+
+    spec = _gateway_spec(tmp_path, estate, unique, api_key_env="ANTHROPIC_API_KEY")
+    backend = AwsBackend(spec)
+    outputs = backend.outputs
+    sm, ecs = boto3.client("secretsmanager"), boto3.client("ecs")
+    valkey = redis.Redis.from_url(valkey_url)
+    role = json.loads(sm.get_secret_value(SecretId=outputs.gateway_database_secret_arn)["SecretString"])
+    settings = GatewaySettings(database_url=_replica_url(database_url, role["username"], role["password"]),
+                               valkey_url=valkey_url)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        try:
+            gw = backend.open_gateway(None, conn, valkey_url, run_keys, *backend.upstream(None))
+            assert gw.url == outputs.gateway_url and gw.alias == spec.pool
+            (owner, scope, budget, revoked) = conn.execute(
+                "SELECT owner, aliases, budget_usd, revoked_at FROM gateway_keys WHERE key_hash = %s",
+                (keys.key_hash(gw.key),)).fetchone()
+            assert (owner, scope, float(budget), revoked) == (unique, [spec.pool], 5.0, None)
+            assert conn.execute("SELECT count(*) FROM gateway_keys WHERE key_hash = %s", (gw.key,)).fetchone()[0] == 0
+            (d,) = aliases.load(conn, spec.pool)  # the operator's key by its name, never the key
+            assert (d.model, d.api_base, d.key_name) == ("anthropic/claude-sonnet-4-5",
+                                                         "https://provider.example.invalid", "ANTHROPIC_API_KEY")
+            secret = sm.describe_secret(SecretId=f"{unique}/runs/{unique}/gateway-key")
+            assert sm.get_secret_value(SecretId=secret["ARN"])["SecretString"] == gw.key
+            assert backend.task_secrets == {task_shape.UPSTREAM_KEY_ENV: secret["ARN"]}
+
+            # the replicas' own role reads the key (and nothing of the provider's is in the database)
+            valkey.delete(vkeys.gateway_key(keys.key_hash(gw.key)))  # the hook's PostgreSQL path, as the role
+            rec = _as_replica(settings, gw.key)
+            assert rec is not None and rec.owner == unique and rec.aliases == [spec.pool]
+
+            launcher = EcsLauncher.from_stack_outputs(outputs, secrets=backend.task_secrets)
+            ref = AttemptRef(run=unique, instance_id="evalplane__calc-1", attempt=1)
+            image = task_image(f"{unique}/calc-1")
+            handle = launcher.launch(ref, f"s3://{outputs.bucket}/runs/{unique}/jobs/calc-1/1.json", image)
+            revision = ecs.describe_task_definition(taskDefinition=launcher.revisions.arn(image))["taskDefinition"]
+            (container,) = revision["containerDefinitions"]
+            assert {"name": task_shape.UPSTREAM_KEY_ENV, "valueFrom": secret["ARN"]} in container["secrets"]
+            assert task_shape.UPSTREAM_KEY_ENV not in {e["name"] for e in container.get("environment", [])}
+            (task,) = ecs.describe_tasks(cluster=outputs.cluster_arn, tasks=[handle.task_id])["tasks"]
+            assert gw.key not in json.dumps(revision, default=str) + json.dumps(task, default=str)
+            # another run's revisions of the same image are its own (a revision names one run's secret)
+            other = EcsLauncher.from_stack_outputs(outputs, secrets={task_shape.UPSTREAM_KEY_ENV: "arn:other"})
+            assert other.revisions.arn(image) != launcher.revisions.arn(image)
+            launcher.stop(handle)
+            backend.close_gateway(conn, valkey)
+            assert _as_replica(settings, gw.key) is None  # refused by every replica from now on
+            assert keys.from_database(conn, keys.key_hash(gw.key)) is None
+            with pytest.raises(ClientError) as gone:
+                sm.describe_secret(SecretId=f"{unique}/runs/{unique}/gateway-key")
+            assert gone.value.response["Error"]["Code"] == "ResourceNotFoundException"
+            backend.close_gateway(conn, valkey)  # the driver's finally calls it again: harmless
+        finally:
+            backend.close_gateway(conn, valkey)
+            conn.execute(f'DROP OWNED BY "{role["username"]}"')
+            conn.execute(f'DROP ROLE IF EXISTS "{role["username"]}"')
+
+
+def test_open_gateway_refuses_what_the_estate_cannot_serve(estate, tmp_path, database_url, valkey_url,  # noqa: F811
+                                                           moto_endpoint, unique, run_keys):
+    """A provider key the estate's gateway does not hold, or no provider endpoint: an error naming the field,
+    before any key is minted."""
+    import psycopg
+    import pytest
+
+    from dispatcher.backends.aws import AwsBackend
+
+    with psycopg.connect(database_url) as conn:
+        backend = AwsBackend(_gateway_spec(tmp_path, estate, unique, api_key_env="MISTRAL_API_KEY"))
+        with pytest.raises(RuntimeError, match=r"model.api_key_env: .*'MISTRAL_API_KEY'"):
+            backend.open_gateway(None, conn, valkey_url, run_keys, "", "")
+        assert conn.execute("SELECT count(*) FROM gateway_keys WHERE owner = %s", (unique,)).fetchone()[0] == 0
+        assert backend.task_secrets == {}

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from botocore.exceptions import ClientError
 
-from contract import task_shape
+from contract import task_shape, valkey_auth
 from contract.models import AttemptRef
 from dispatcher.backends.stack_outputs import StackOutputs, StackOutputsError
 from dispatcher.launchers.ecs import PENDING, EcsLauncher, EcsTarget, exit_code, started_by
@@ -61,11 +61,11 @@ class Recorder:
 
 
 def task_def(ecs, family: str, compat: str, memory: int = 512) -> str:
-    """The harness template (the HarnessFleet's shape: one container, the task runner as entry point, the key as a
-    secret), or the eval worker's. Workaround 2: container-level memory (task-level only -> TypeError in moto)."""
+    """The harness template (the HarnessFleet's shape: one container, the task runner as entry point, the Valkey user
+    as a secret; a run's revisions add its gateway key), or the eval worker's. Workaround 2: container-level memory (task-level only -> TypeError in moto)."""
     container = {"name": task_shape.CONTAINER, "entryPoint": task_shape.ENTRYPOINT,
-                 "secrets": [{"name": task_shape.UPSTREAM_KEY_ENV,
-                              "valueFrom": "arn:aws:secretsmanager:us-east-1:123456789012:secret:k"}],
+                 "secrets": [{"name": valkey_auth.USER_ENV,
+                              "valueFrom": "arn:aws:secretsmanager:us-east-1:123456789012:secret:v:username::"}],
                  "environment": [{"name": "EVALPLANE_STATE_DIR", "value": task_shape.STATE_DIR}],
                  "mountPoints": [{"sourceVolume": "state", "containerPath": task_shape.STATE_DIR, "readOnly": False}]} \
         if compat == "FARGATE" else {"name": "eval-worker"}
@@ -95,8 +95,14 @@ def estate(moto_endpoint, manual_progression, unique, tmp_path):
     verdict_key = secrets.create_secret(Name=f"{unique}/eval/verdict-key", SecretString=os.urandom(32).hex())["ARN"]
     valkey_user = secrets.create_secret(Name=f"{unique}/valkey/dispatcher", SecretString=json.dumps(
         {"username": f"{unique}-dispatcher", "password": os.urandom(16).hex()}))["ARN"]
+    # the gateway's: its replicas' database role, the operator's provider key (its value is never read here)
+    gateway_database = secrets.create_secret(Name=f"{unique}/gateway/database", SecretString=json.dumps(
+        {"username": f"{unique}_gateway", "password": os.urandom(16).hex()}))["ARN"]
+    secrets.create_secret(Name=f"{unique}/gateway/provider-keys/ANTHROPIC_API_KEY", SecretString="sk-ant-operator")
     outputs = {
         "verdict_key_secret_arn": verdict_key, "valkey_dispatcher_secret_arn": valkey_user,
+        "gateway_database_secret_arn": gateway_database, "run_secrets_prefix": f"{unique}/runs/",
+        "gateway_provider_keys_prefix": f"{unique}/gateway/provider-keys/",
         "region": "us-east-1", "vpc_id": vpc, "cluster_arn": harness_cluster, "eval_cluster_arn": eval_cluster,
         "harness_subnet_ids": subnets, "harness_security_group_id": sg,
         "harness_task_definition_arn": task_def(ecs, f"{unique}-harness", "FARGATE"),
