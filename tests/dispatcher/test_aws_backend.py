@@ -203,9 +203,10 @@ workers = 2
                                                                          tasks=harness)["tasks"])
 
 
-def _gateway_spec(tmp_path, outputs_file, run: str, **model) -> object:
+def _gateway_spec(tmp_path, outputs_file, run: str, gateway: str = "", **model) -> object:
     from dispatcher.spec import load_spec
 
+    model.setdefault("base_url", "https://provider.example.invalid")
     extra = "".join(f'{k} = "{v}"\n' for k, v in model.items())
     path = tmp_path / "spec.toml"
     path.write_text(f"""
@@ -216,7 +217,6 @@ name = "mini-swe-agent"
 [model]
 provider = "anthropic"
 model = "claude-sonnet-4-5"
-base_url = "https://provider.example.invalid"
 {extra}
 [instances]
 dataset = "{SYNTHETIC / 'instances.jsonl'}"
@@ -228,6 +228,7 @@ stack_outputs = "{outputs_file}"
 [images]
 instance_registry = "{MIRROR}"
 [gateway]
+{gateway}
 """)
     return load_spec(path)
 
@@ -344,3 +345,50 @@ def test_open_gateway_refuses_what_the_estate_cannot_serve(estate, tmp_path, dat
             backend.open_gateway(None, conn, valkey_url, run_keys, "", "")
         assert conn.execute("SELECT count(*) FROM gateway_keys WHERE owner = %s", (unique,)).fetchone()[0] == 0
         assert backend.task_secrets == {}
+
+
+def test_a_runs_own_provider_key_is_put_where_only_the_gateway_reads_it(
+        estate, tmp_path, database_url, valkey_url, moto_endpoint, unique, run_keys, monkeypatch):  # noqa: F811
+    """[gateway] provider_keys: the run's provider key is minted with the run's cap as its limit (with the account's
+    key from model.api_key_env on the dispatcher's host) and put in the gateway's Secrets Manager store, which its
+    replicas read by the deployment's key name; the gateway key then carries no budget. At close the provider key is
+    revoked (the provider refuses it) and removed from the store."""
+    import httpx
+    import psycopg
+    import redis
+
+    from dispatcher import store as records
+    from dispatcher.backends.aws import AwsBackend
+    from gateway import aliases, keys
+    from simulator import SimulatorConfig
+    from simulator.testing import running_simulator
+
+    def call(url: str, key: str) -> int:
+        return httpx.post(f"{url}/v1/messages", headers={"x-api-key": key, "anthropic-version": "2023-06-01"},
+                          json={"model": "claude-sonnet-4-5", "max_tokens": 8,
+                                "messages": [{"role": "user", "content": "hi"}]}, timeout=30).status_code
+
+    monkeypatch.setenv("SIM_ACCOUNT_KEY", "sk-sim-account")
+    sm = boto3.client("secretsmanager")
+    with running_simulator(SimulatorConfig(api_key="sk-sim-account")) as url, \
+            psycopg.connect(database_url, autocommit=True) as conn:
+        backend = AwsBackend(_gateway_spec(tmp_path, estate, unique, gateway='provider_keys = "simulator"',
+                                           base_url=url, api_key_env="SIM_ACCOUNT_KEY"))
+        role = json.loads(sm.get_secret_value(SecretId=backend.outputs.gateway_database_secret_arn)["SecretString"])
+        try:
+            gw = backend.open_gateway(None, conn, valkey_url, run_keys, *backend.upstream(None))
+            (d,) = aliases.load(conn, backend.spec.pool)
+            row = records.provider_key(conn, unique)
+            assert d.key_name == row.key_name != "SIM_ACCOUNT_KEY" and row.limit_usd == 5.0
+            minted = backend.key_store().get(d.key_name)  # what a replica reads for the deployment
+            assert minted and minted != "sk-sim-account" and call(url, minted) == 200
+            assert sm.describe_secret(SecretId=f"{unique}/gateway/provider-keys/{d.key_name}")["Name"]
+            assert keys.from_database(conn, keys.key_hash(gw.key)).budget_usd is None  # the provider holds the cap
+            backend.close_gateway(conn, redis.Redis.from_url(valkey_url))
+            assert call(url, minted) == 401  # revoked at the provider
+            assert records.provider_key(conn, unique).revoked_at is not None
+            assert backend.key_store().get(d.key_name) is None
+        finally:
+            backend.close_gateway(conn, redis.Redis.from_url(valkey_url))
+            conn.execute(f'DROP OWNED BY "{role["username"]}"')
+            conn.execute(f'DROP ROLE IF EXISTS "{role["username"]}"')
