@@ -81,7 +81,10 @@ class AwsBackend(Backend):
         return os.environ.get("VALKEY_URL") or self.outputs.dispatcher_valkey_url()
 
     def upstream(self, plan) -> tuple[str, str]:
-        # The provider key reaches tasks from Secrets Manager through their task definition, never from here.
+        """The provider's endpoint; the key is no task's (open_gateway gives tasks their run's own gateway key)."""
+        if self.spec.gateway is None:  # the estate gives tasks no other credential: no shared key, no provider's
+            raise RuntimeError("gateway: tasks on the aws backend reach the model only through the estate's gateway"
+                               " tier, holding their run's own key: add a [gateway] table to the spec")
         return self.spec.model.base_url or self.outputs.gateway_url, ""
 
     def start_eval_workers(self, res: RunResources, run_keys: RunKeys) -> None:

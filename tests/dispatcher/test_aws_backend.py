@@ -146,6 +146,8 @@ name = "mini-swe-agent"
 [model]
 provider = "anthropic"
 model = "claude-sonnet-4-5"
+base_url = "https://provider.example.invalid"
+api_key_env = "ANTHROPIC_API_KEY"
 [instances]
 dataset = "{SYNTHETIC / 'instances.jsonl'}"
 [budget]
@@ -158,6 +160,7 @@ concurrency = 2
 instance_registry = "{MIRROR}"
 [eval]
 workers = 2
+[gateway]
 """)
     env = {"PATH": "/usr/bin:/bin", "DATABASE_URL": database_url, "VALKEY_URL": valkey_url,
            "AWS_ENDPOINT_URL": moto_endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
@@ -192,6 +195,11 @@ workers = 2
         assert job["repo_source"] == task_shape.TESTBED and job["upstream_url"] == outputs.gateway_url
         assert "sk-" not in json.dumps(job)
         assert t["containers"][0]["image"] == refs[job["ref"]["instance_id"]]  # its own task image, by digest
+        # its run's gateway key reaches it as an ECS secret of its revision: the run's own secret
+        (container,) = ecs.describe_task_definition(taskDefinition=t["taskDefinitionArn"])["taskDefinition"][
+            "containerDefinitions"]
+        (key,) = [x for x in container["secrets"] if x["name"] == task_shape.UPSTREAM_KEY_ENV]
+        assert f":secret:{unique}/runs/{unique}/gateway-key" in key["valueFrom"]
     cancel = subprocess.run([sys.executable, "-m", "dispatcher", "cancel", str(spec)], env=env, cwd=root,
                             capture_output=True, text=True, check=False)
     assert cancel.returncode == 0, cancel.stderr
@@ -201,6 +209,14 @@ workers = 2
     assert len(landed) == len(rows)
     assert all(t["lastStatus"] == "STOPPED" for t in ecs.describe_tasks(cluster=outputs.cluster_arn,
                                                                          tasks=harness)["tasks"])
+    sm = boto3.client("secretsmanager")  # the run ended: its key's secret is gone, its key revoked
+    assert not sm.list_secrets(Filters=[{"Key": "name", "Values": [f"{unique}/runs/{unique}/"]}])["SecretList"]
+    role = json.loads(sm.get_secret_value(SecretId=outputs.gateway_database_secret_arn)["SecretString"])["username"]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        assert conn.execute("SELECT revoked_at IS NOT NULL FROM gateway_keys WHERE owner = %s",
+                            (unique,)).fetchone() == (True,)
+        conn.execute(f'DROP OWNED BY "{role}"')
+        conn.execute(f'DROP ROLE "{role}"')
 
 
 def _gateway_spec(tmp_path, outputs_file, run: str, gateway: str = "", **model) -> object:
