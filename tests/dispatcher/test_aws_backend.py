@@ -361,6 +361,13 @@ def test_open_gateway_refuses_what_the_estate_cannot_serve(estate, tmp_path, dat
             backend.open_gateway(None, conn, valkey_url, run_keys, "", "")
         assert conn.execute("SELECT count(*) FROM gateway_keys WHERE owner = %s", (unique,)).fetchone()[0] == 0
         assert backend.task_secrets == {}
+        without = AwsBackend(backend.spec.model_copy(update={"gateway": None}))  # tasks would hold no credential
+        with pytest.raises(RuntimeError, match=r"^gateway: .*add a \[gateway\] table"):
+            without.upstream(None)
+        no_endpoint = AwsBackend(backend.spec.model_copy(update={"model": backend.spec.model.model_copy(
+            update={"base_url": None, "api_key_env": "ANTHROPIC_API_KEY"})}))
+        with pytest.raises(RuntimeError, match=r"^model.base_url: "):
+            no_endpoint.open_gateway(None, conn, valkey_url, run_keys, "", "")
 
 
 def test_a_runs_own_provider_key_is_put_where_only_the_gateway_reads_it(
