@@ -29,7 +29,7 @@ from components.common import (
     tags,
 )
 from components.security import GATEWAY_LB_PORT, GATEWAY_TASK_PORT
-from components.state import CONFIG_PREFIX, _password
+from components.state import CONFIG_PREFIX, KEEP_SECRET_STRING, generated_password
 from components.tiers import (
     FargateServiceArgs,
     TaskDefinitionArgs,
@@ -129,8 +129,8 @@ class Gateway(pulumi.ComponentResource):
         aws.secretsmanager.SecretVersion(
             f"{name}-master-key-value",
             secret_id=self.master_key.id,
-            secret_string=pulumi.Output.concat("sk-", _password("gateway-master-key")),
-            opts=child(self),
+            secret_string=pulumi.Output.concat("sk-", generated_password("gateway-master-key")),
+            opts=child(self, ignore_changes=KEEP_SECRET_STRING),
         )
         # The replicas' own PostgreSQL role: the dispatcher creates it from this secret (gateway/grants.py)
         self.database = aws.secretsmanager.Secret(
@@ -145,9 +145,9 @@ class Gateway(pulumi.ComponentResource):
             f"{name}-database-value",
             secret_id=self.database.id,
             secret_string=pulumi.Output.json_dumps(
-                {"username": database_user(p), "password": _password("gateway-database")}
+                {"username": database_user(p), "password": generated_password("gateway-database")}
             ),
-            opts=child(self),
+            opts=child(self, ignore_changes=KEEP_SECRET_STRING),
         )
         self.config_object = aws.s3.BucketObjectv2(
             f"{name}-config",

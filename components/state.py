@@ -32,8 +32,15 @@ VALKEY_USERS = {
 }
 
 
-def _password(name: str) -> pulumi.Output[str]:
-    """A generated password (alphanumeric: ElastiCache refuses some punctuation), kept secret in the state."""
+# getRandomPassword answers anew on every `pulumi up`: whatever holds a generated password keeps its first value
+# (a later up would otherwise rotate every password and the verdict key under a live run). Rotate by replacing.
+KEEP_SECRET_STRING = ["secret_string"]
+KEEP_PASSWORDS = ["authentication_mode"]
+
+
+def generated_password(name: str) -> pulumi.Output[str]:
+    """A generated password (alphanumeric: ElastiCache refuses some punctuation), kept secret in the state; its
+    consumers ignore changes (KEEP_SECRET_STRING, KEEP_PASSWORDS)."""
     return pulumi.Output.secret(aws.secretsmanager.get_random_password_output(
         password_length=40, exclude_punctuation=True).random_password)
 
@@ -123,7 +130,7 @@ class State(pulumi.ComponentResource):
         self.valkey_secrets: dict[str, aws.secretsmanager.Secret] = {}
         for role, access in VALKEY_USERS.items():
             user_name = role if role == "default" else f"{p}-{role}"
-            password = _password(role)
+            password = generated_password(role)
             self.valkey_users[role] = aws.elasticache.User(
                 f"{name}-valkey-{role}",
                 user_id=f"{p}-{role}",
@@ -132,7 +139,7 @@ class State(pulumi.ComponentResource):
                 access_string=access,
                 authentication_mode={"type": "password", "passwords": [password]},
                 tags=t,
-                opts=child(self),
+                opts=child(self, ignore_changes=KEEP_PASSWORDS),
             )
             if role == "default":
                 continue
@@ -148,7 +155,7 @@ class State(pulumi.ComponentResource):
                 f"{name}-valkey-{role}-secret-value",
                 secret_id=secret.id,
                 secret_string=pulumi.Output.json_dumps({"username": user_name, "password": password}),
-                opts=child(self),
+                opts=child(self, ignore_changes=KEEP_SECRET_STRING),
             )
         self.valkey_user_group = aws.elasticache.UserGroup(
             f"{name}-valkey-users",
@@ -170,8 +177,8 @@ class State(pulumi.ComponentResource):
         aws.secretsmanager.SecretVersion(
             f"{name}-verdict-key-value",
             secret_id=self.verdict_key.id,
-            secret_string=_password("verdict-key"),
-            opts=child(self),
+            secret_string=generated_password("verdict-key"),
+            opts=child(self, ignore_changes=KEEP_SECRET_STRING),
         )
         self.valkey = aws.elasticache.ReplicationGroup(
             f"{name}-valkey",

@@ -1,6 +1,6 @@
 """Pulumi mock fixtures for the infra tests (see /work/shared/notes/pulumi-ray-moto.md section 1.2).
 
-Every test gets a fresh event loop, its own Mocks + MockMonitor (set_mocks is process-global) and
+Every test gets a fresh event loop, its own Mocks + RecordingMonitor (set_mocks is process-global) and
 `reset_options()` on teardown. Resources are built inside an inner `@pulumi.runtime.test` function,
 which returns only after every RPC has reached the mock, then the test asserts on what was recorded.
 """
@@ -11,8 +11,7 @@ import asyncio
 
 import pulumi
 import pytest
-from infra_support import EstateMocks, MockRun, Snapshot, build_snapshot
-from pulumi.runtime.mocks import MockMonitor
+from infra_support import EstateMocks, MockRun, RecordingMonitor, Snapshot, build_snapshot
 from pulumi.runtime.settings import reset_options
 
 reset_options()
@@ -41,7 +40,7 @@ def event_loop_per_test():
 def pulumi_mocks(event_loop_per_test):
     """Fresh mocks per test (set_mocks is process-global); reset_options() on teardown."""
     mocks = EstateMocks()
-    monitor = MockMonitor(mocks)
+    monitor = RecordingMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project="evalplane", stack="test", preview=False, monitor=monitor)
     yield MockRun(mocks, monitor)
     reset_options()

@@ -28,6 +28,7 @@ class Recorded:
     id: str
     outputs: dict = field(default_factory=dict)
     urn: str = ""
+    ignore_changes: list[str] = field(default_factory=list)
 
 
 def _service(typ: str) -> str:
@@ -115,6 +116,18 @@ class EstateMocks(pulumi.runtime.Mocks):
         return found[0]
 
 
+class RecordingMonitor(MockMonitor):
+    """The mock monitor, also keeping each resource's ignore_changes (resource options the mocks are not shown)."""
+
+    def __init__(self, mocks):
+        super().__init__(mocks)
+        self.ignored: dict[tuple[str, str], list[str]] = {}
+
+    def RegisterResource(self, request):
+        self.ignored[(request.type, request.name)] = list(request.ignoreChanges)
+        return super().RegisterResource(request)
+
+
 class MockRun:
     def __init__(self, mocks: EstateMocks, monitor: MockMonitor):
         self.mocks = mocks
@@ -127,6 +140,7 @@ class MockRun:
             by_key[(qualified.split("$")[-1], name)] = urn
         for r in self.mocks.created:
             r.urn = by_key.get((r.typ, r.name), "")
+            r.ignore_changes = getattr(self.monitor, "ignored", {}).get((r.typ, r.name), [])
 
 
 @dataclass
@@ -159,7 +173,7 @@ def build_snapshot(cfg=None) -> Snapshot:
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     mocks = EstateMocks()
-    monitor = MockMonitor(mocks)
+    monitor = RecordingMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project="evalplane", stack="test", preview=False, monitor=monitor)
     outputs: dict = {}
     try:

@@ -416,3 +416,15 @@ def test_task_security_groups_take_no_inbound_traffic(estate_snapshot):
     }
     for tier in ("harness", "judge", "eval", "head", "build"):
         assert f"evalplane-sg-{tier}-id" not in ingress_targets, tier
+
+
+def test_a_generated_password_keeps_its_first_value_on_later_ups(estate_snapshot):
+    """getRandomPassword answers anew on every `pulumi up`: each resource holding one (a Valkey user, a secret's
+    value: the verdict key, the gateway's master key and database role) ignores later answers."""
+    holding = [r for r in estate_snapshot.custom() if "mockpassword" in json.dumps(r.inputs, default=str)]
+    kinds = {r.typ for r in holding}
+    assert kinds == {"aws:elasticache/user:User", "aws:secretsmanager/secretVersion:SecretVersion"}, kinds
+    assert len(holding) >= 7
+    for r in holding:
+        field = "authenticationMode" if r.typ == "aws:elasticache/user:User" else "secretString"
+        assert field in r.ignore_changes, (r.name, r.ignore_changes)
