@@ -110,8 +110,8 @@ def gateway_spend(owner: str) -> str:
 
 
 def gateway_rows(database: str) -> str:
-    """The gateway's meter rows (JSON list) on their way to one PostgreSQL database (a digest of its URL: tiers
-    writing to other databases share the Valkey, not their rows)."""
+    """The gateway's meter rows (JSON list) on their way to one PostgreSQL database (a digest of its host, port and
+    name: tiers writing to other databases share the Valkey, not their rows)."""
     return f"ep:gw:rows:{{{database}}}"
 
 

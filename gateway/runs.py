@@ -6,12 +6,15 @@ key revoked."""
 from __future__ import annotations
 
 import hashlib
+import json
+import time
 
 import psycopg
 from pydantic import BaseModel
 
 from contract import signing
 from gateway import aliases, keys
+from gateway.runtime import meter_keys
 
 
 class RunGateway(BaseModel):
@@ -43,5 +46,20 @@ def open_run(conn: psycopg.Connection, valkey, spec, run_secret: bytes, url: str
     return RunGateway(url=url, alias=alias, key=key)
 
 
-def close_run(conn: psycopg.Connection, valkey, run: str) -> None:
+def close_run(conn: psycopg.Connection, valkey, run: str) -> bool:
+    """Revoke the run's key, then wait for its calls' meter rows still in Valkey to land (a replica drains them
+    within a second, or a drain lease after a replica died): the run's report then reconciles every call. False if
+    some were still waiting at the deadline (the reconciliation shows them; `report` later finds them landed)."""
     keys.revoke(conn, valkey, run)
+    return meter_drained(conn, valkey, run)
+
+
+def meter_drained(conn: psycopg.Connection, valkey, owner: str, timeout_s: float = 30.0) -> bool:
+    """True once no meter row of `owner` waits in Valkey for the drain to PostgreSQL."""
+    rows_key, _ = meter_keys(conn.info.host, conn.info.port, conn.info.dbname)
+    deadline = time.monotonic() + timeout_s
+    while any(json.loads(r).get("owner") == owner for r in valkey.lrange(rows_key, 0, -1)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True

@@ -17,6 +17,7 @@ import time
 
 import psycopg
 import redis.asyncio as aioredis
+from psycopg.conninfo import conninfo_to_dict
 from redis.exceptions import LockNotOwnedError
 
 from contract import keys as vkeys
@@ -48,6 +49,18 @@ def tokens(usage: dict | None) -> dict[str, int]:
             "cache_write_tokens": written, "output_tokens": int(u.get("completion_tokens") or 0)}
 
 
+def meter_keys(host: str, port: int | str | None, dbname: str) -> tuple[str, str]:
+    """The Valkey list of meter rows on their way to one database, and its drain lock: named by the database's
+    place, not its URL, so replicas logged in as their own role and the dispatcher name the same list."""
+    database = hashlib.sha256(f"{host}:{int(port or 5432)}/{dbname}".encode()).hexdigest()[:16]
+    return vkeys.gateway_rows(database), vkeys.gateway_drain_lock(database)
+
+
+def database_place(database_url: str) -> tuple[str, int | str | None, str]:
+    d = conninfo_to_dict(database_url)
+    return d.get("host") or "", d.get("port"), d.get("dbname") or ""
+
+
 class Runtime:
     def __init__(self, settings: GatewaySettings):
         self.settings = settings
@@ -56,8 +69,7 @@ class Runtime:
         self._db_lock = asyncio.Lock()
         self._loaded: dict[str, float] = {}  # alias -> when its deployments were last read
         self._drainer: asyncio.Task | None = None
-        database = hashlib.sha256(settings.database_url.encode()).hexdigest()[:16]
-        self.rows_key, self.lock_key = vkeys.gateway_rows(database), vkeys.gateway_drain_lock(database)
+        self.rows_key, self.lock_key = meter_keys(*database_place(settings.database_url))
         self._trim_if_owned = self.valkey.register_script(_TRIM_IF_OWNED)
 
     async def _query(self, fn):

@@ -25,16 +25,18 @@ def write_outputs(plan: Plan, out_dir: str | None) -> None:
     """The run's official outputs (predictions.jsonl, the SWE-bench report JSON), and its results table."""
     from dispatcher import report
     from dispatcher.backends import resources
+    from dispatcher.report.reconcile import reconcile
 
     run = plan.spec.run.name
     with store.connect() as conn:
         attempts = report.fetch_attempts(conn, run)
+        meters = reconcile(conn, run)
     bucket = backends.for_spec(plan.spec).bucket()  # locally, its S3 server started if it is not running
     dest = Path(out_dir) if out_dir else daemons.state_dir() / "runs" / run / "results"
     files = report.write_outputs(run, attempts, list(plan.rows.values()), dest, plan.spec.run.attempts,
                                  lambda iid, n: resources.artifacts_prefix(
-                                     bucket, AttemptRef(run=run, instance_id=iid, attempt=n)))
-    report.print_results(out, run, attempts, files)
+                                     bucket, AttemptRef(run=run, instance_id=iid, attempt=n)), meters)
+    report.print_results(out, run, attempts, files, meters)
 
 
 def print_forecast_check(run: str) -> None:

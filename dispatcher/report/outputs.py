@@ -18,6 +18,7 @@ from rich.table import Table
 
 from contract import aws
 from dispatcher.report.figures import ATTEMPT_COMPUTE, compute_usd, cost_figures, resources_text, usd_of
+from dispatcher.report.reconcile import Reconciliation
 from eval_worker.report import count_infra_failures
 
 STATUS_ORDER = ("RESOLVED", "UNRESOLVED", "EMPTY_PATCH", "EVAL_ERROR", "INFRA_ERROR", "CANCELLED", "PATCH_READY")
@@ -43,15 +44,18 @@ def fetch_attempts(conn: psycopg.Connection, run: str) -> list[dict]:
     return rows
 
 
-def results_table(run: str, attempts: list[dict]) -> Table:
+def results_table(run: str, attempts: list[dict], meters: Reconciliation | None = None) -> Table:
     """One row per attempt: tokens cost (the ledger's), compute cost (its recorded task and grading figures x the
-    compute price table) and their total; the caption gives the three per attempt, instance and resolved instance."""
+    compute price table) and their total; the caption gives the three per attempt, instance and resolved instance,
+    and, for a run through the gateway, whether its meters agree."""
     tokens = sum((usd_of(float(a["cost_usd"])) for a in attempts), start=usd_of(0))
     compute = sum((a["compute_usd"] for a in attempts), start=usd_of(0))
     resources = sorted({resources_text(a.get("task_cpu"), a.get("task_memory_mib"), a.get("task_memory_limit_mib"))
                         for a in attempts})
-    t = Table(title=f"run {run} (task resources: {'; '.join(resources)})", show_footer=True,
-              caption=_cost_caption(attempts, tokens, compute))
+    caption = _cost_caption(attempts, tokens, compute)
+    if meters is not None and meters.through_gateway:
+        caption += "\n" + meters.caption()
+    t = Table(title=f"run {run} (task resources: {'; '.join(resources)})", show_footer=True, caption=caption)
     t.add_column("instance", footer="total", no_wrap=True)
     t.add_column("att", justify="right")
     t.add_column("harness outcome")
@@ -107,11 +111,14 @@ def tamper_text(flags: list[dict] | None) -> str:
     return "; ".join(f"{f['rule']}: {', '.join(f['files'])}" for f in flags or [])
 
 
-def add_tamper_flags(report_file: Path, attempts: list[dict]) -> None:
-    """The official report with one extra key, tamper_flags ({instance_id: [{"rule", "files"}]} for the flagged
-    attempts); every official key stays as make_run_report wrote it."""
+def add_extra_keys(report_file: Path, attempts: list[dict], meters: Reconciliation | None) -> None:
+    """The official report with our extra keys: tamper_flags ({instance_id: [{"rule", "files"}]} for the flagged
+    attempts) and, for a run through the gateway, meters (Reconciliation.summary: do the meters agree); every
+    official key stays as make_run_report wrote it."""
     report = json.loads(report_file.read_text())
     report["tamper_flags"] = {a["instance_id"]: a["tamper_flags"] for a in attempts if a.get("tamper_flags")}
+    if meters is not None and meters.through_gateway:
+        report["meters"] = meters.summary()
     report_file.write_text(json.dumps(report, indent=4))
 
 
@@ -137,7 +144,7 @@ def official_run_id(run: str, attempt: int, attempts: int) -> str:
 
 
 def write_outputs(run: str, attempts: list[dict], dataset: list[dict], out_dir: Path, n_attempts: int,
-                  artifacts_prefix) -> list[Path]:
+                  artifacts_prefix, meters: Reconciliation | None = None) -> list[Path]:
     """predictions.jsonl + <model>.<run_id>.json per attempt number, in the official formats."""
     from swebench.harness.constants import LOG_REPORT, RUN_EVALUATION_LOG_DIR
     from swebench.harness.reporting import make_run_report
@@ -165,7 +172,7 @@ def write_outputs(run: str, attempts: list[dict], dataset: list[dict], out_dir: 
             report = make_run_report(preds, selected, run_id, client=None, report_dir=".")
         mark_infra_failures(base / report, {a["instance_id"]: infra_reason(a) for a in mine
                                             if a["status"] == "INFRA_ERROR"})
-        add_tamper_flags(base / report, mine)
+        add_extra_keys(base / report, mine, meters)
         written += [pred_file, base / report]
     return written
 
@@ -199,7 +206,8 @@ def _fetch_eval_logs(prefix: str, dest: Path) -> None:
                 (dest / name).write_bytes(s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read())
 
 
-def print_results(console: Console, run: str, attempts: list[dict], files: list[Path]) -> None:
-    console.print(results_table(run, attempts))
+def print_results(console: Console, run: str, attempts: list[dict], files: list[Path],
+                  meters: Reconciliation | None = None) -> None:
+    console.print(results_table(run, attempts, meters))
     for f in files:
         console.print(f"wrote {f}")

@@ -39,6 +39,22 @@ class Reconciliation(BaseModel):
     def through_gateway(self) -> bool:
         return self.gateway.calls > 0 or any(d.gateway_call_id for d in self.differences)
 
+    @property
+    def agree(self) -> bool:
+        return not self.differences
+
+    def summary(self) -> dict:
+        """The official report's extra key `meters`: whether the meters agree, how many calls differ, each total."""
+        return {"agree": self.agree, "differences": len(self.differences), "shim": self.shim.model_dump(),
+                "gateway": self.gateway.model_dump(),
+                "provider": None if self.provider is None else self.provider.model_dump()}
+
+    def caption(self) -> str:
+        meters = "shim, gateway" + (" and provider" if self.provider is not None else "")
+        return (f"meters ({meters}) agree" if self.agree else
+                f"[bold red]METERS DISAGREE[/]: {len(self.differences)} differences ({meters}; `report {self.run}`"
+                " lists them)")
+
 
 def _difference(row: dict) -> str | None:
     if row["shim_call_id"] is None:

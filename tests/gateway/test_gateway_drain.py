@@ -1,13 +1,15 @@
 """The meter's drain (gateway/runtime.py): rows move from Valkey to PostgreSQL under a short lease, and a drain that
-lost its lease mid-way trims nothing, so a replica killed or stalled while draining loses no row."""
+lost its lease mid-way trims nothing, so a replica killed or stalled while draining loses no row; a run closes once
+its rows have landed (gateway/runs.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 
+from gateway import runs
 from gateway.config import GatewaySettings
-from gateway.runtime import ROW_FIELDS, Runtime
+from gateway.runtime import ROW_FIELDS, Runtime, database_place, meter_keys
 
 
 def _row(owner: str, i: int) -> dict:
@@ -45,3 +47,30 @@ def test_a_drain_that_lost_its_lease_leaves_the_rows_for_the_next(database_url, 
     assert (moved, remaining) == (3, 0)
     count = pg.execute("SELECT count(*) FROM gateway_calls WHERE owner = %s", (unique,)).fetchone()[0]
     assert count == 3  # the first drain's INSERT and the second's land each row once
+
+
+def test_a_run_closes_once_its_meter_rows_have_landed(database_url, valkey_url, pg, valkey, unique, tmp_path):
+    """close_run waits for the run's rows still in Valkey: not drained while the drain lock is held elsewhere, then
+    landed once a drain runs (the dispatcher and the replicas name the same list whatever user each logs in as)."""
+    rows_key, lock_key = meter_keys(pg.info.host, pg.info.port, pg.info.dbname)
+    assert (rows_key, lock_key) == meter_keys(*database_place(database_url))
+    valkey.set(lock_key, "a replica draining elsewhere", px=20_000)  # no drain moves rows meanwhile
+    try:
+        valkey.rpush(rows_key, json.dumps(_row(unique, 0)))
+        assert runs.meter_drained(pg, valkey, unique, timeout_s=0.5) is False
+        assert runs.meter_drained(pg, valkey, "another-run", timeout_s=0.5) is True  # not waiting on others' rows
+    finally:
+        valkey.delete(lock_key)
+
+    async def drain() -> int:
+        rt = Runtime(GatewaySettings(database_url=database_url, valkey_url=valkey_url,
+                                     provider_keys_file=tmp_path / "keys.json"))
+        try:
+            return await rt.drain()
+        finally:
+            await rt.valkey.aclose()
+
+    asyncio.run(drain())  # the session's gateway replicas, where they run, may drain it first
+    assert runs.meter_drained(pg, valkey, unique, timeout_s=10) is True
+    count = pg.execute("SELECT count(*) FROM gateway_calls WHERE owner = %s", (unique,)).fetchone()[0]
+    assert count == 1

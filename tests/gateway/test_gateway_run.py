@@ -5,6 +5,7 @@ gateway key is refused and its provider key revoked."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -73,6 +74,9 @@ def test_demo_run_through_the_gateway(tmp_path, env, database_url, unique):
     report = dispatcher(env, "report", unique)
     assert report.returncode == 0, report.stderr[-3000:]
     assert "gateway" in report.stdout and "calls that differ: 0" in report.stdout, report.stdout
+    [official] = (tmp_path / "out").glob("*.json")  # the official report: its meters agree (an extra key)
+    assert json.loads(official.read_text())["meters"]["agree"] is True
+    assert "meters (shim, gateway and provider) agree" in p.stdout, p.stdout[-3000:]
 
     info = tier.running(state)
     run_key = signing.gateway_key((state / "runs" / unique / "run.key").read_bytes().strip())
