@@ -393,9 +393,13 @@ class Spec(Strict):
             raise PydanticCustomError("spec_field", (
                 "harness {harness} is installed only in its task image layer; use launcher = \"docker\" (or leave it "
                 "unset)"), {"harness": self.harness.name, "field": "backend.launcher"})
-        if self.model.provider not in adapter.providers:
-            raise PydanticCustomError("spec_field", "harness {harness} speaks only to {providers}", {
-                "harness": self.harness.name, "providers": " or ".join(adapter.providers), "field": "model.provider"})
+        # Through the gateway any harness takes any model it serves: the harness speaks its own wire format to the
+        # shim and the gateway, which translates to the deployment's (docs/gateway.md)
+        if self.model.provider not in adapter.providers and self.gateway is None:
+            raise PydanticCustomError("spec_field", (
+                "harness {harness} speaks only to {providers}; with [gateway] it takes a model of any provider the "
+                "gateway serves"), {"harness": self.harness.name, "providers": " or ".join(adapter.providers),
+                                    "field": "model.provider"})
         if self.eval.backend is None:
             self.eval.backend = "docker" if self.backend.in_task_images else "process"
         return self

@@ -40,6 +40,7 @@ class Case:
     attempt_usd: float  # above what MAX_TURNS plain turns cost this harness, below two padded ones
     max_turns: int = MAX_TURNS
     instances: dict | None = None  # the policy's script for some instances, where this harness needs its own
+    gateway: bool = False  # through the gateway tier, which translates the harness's wire format to the model's
 
 
 ROWS = {r["instance_id"]: r for r in map(json.loads, (SYNTHETIC / "instances.jsonl").read_text().splitlines()) if r}
@@ -53,9 +54,11 @@ def with_stale_hunk(patch: str, stale_lines: int) -> str:
 
 
 CASES = {
-    "mini-swe-agent": Case("openai", "gpt-4o-mini", 0.08),
-    "claude-code": Case("anthropic", "claude-haiku-4-5", 0.3),
-    "codex": Case("openai", "gpt-4o-mini", 0.08),
+    # three harnesses on a model of another provider, through the gateway: Claude Code (Anthropic's messages) on an
+    # OpenAI model, Codex (OpenAI's Responses) and mini-swe-agent on an Anthropic one
+    "mini-swe-agent": Case("anthropic", "claude-haiku-4-5", 0.3, gateway=True),
+    "claude-code": Case("openai", "gpt-4o-mini", 0.05, gateway=True),
+    "codex": Case("anthropic", "claude-haiku-4-5", 0.3, gateway=True),
     "opencode": Case("openai", "gpt-4o-mini", 0.08),
     # Aider reflects at most three times a run: its cap instances answer with the gold patch plus a hunk that cannot
     # apply, so it asks again until a cap refuses the call (tests/harnesses/test_aider.py)
@@ -146,7 +149,8 @@ def harness_run(harness: str, tmp: Path, database_url: str, valkey_url: str, mot
     spec = tmp / "spec.toml"
     spec.write_text(SPEC.format(run=run, harness=harness, provider=case.provider, model=case.model,
                                 synthetic=SYNTHETIC, gold=GOLD, turn_cap=TURN_CAP, cost_cap=COST_CAP,
-                                attempt_usd=case.attempt_usd, max_turns=case.max_turns, policy=tmp / "policy.json"))
+                                attempt_usd=case.attempt_usd, max_turns=case.max_turns, policy=tmp / "policy.json")
+                    + ("[gateway]\n" if case.gateway else ""))
     env = os.environ | {"DATABASE_URL": database_url, "VALKEY_URL": valkey_url, "AWS_ENDPOINT_URL": moto_endpoint,
                         "EVALPLANE_STATE_DIR": str(tmp / "state"), "RAY_USAGE_STATS_ENABLED": "0",
                         # a network and egress of this run's own: other runs on the engine replace the shared one's routes
@@ -163,6 +167,10 @@ def harness_run(harness: str, tmp: Path, database_url: str, valkey_url: str, mot
     finally:
         traces = tracer.stop()
         _network_down(f"ep-{run}"[:40])
+        if case.gateway:
+            from gateway import tier
+
+            tier.stop(tmp / "state")  # the run's tier outlives its driver (a daemon of the state folder)
     wall = time.monotonic() - t0
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
     import psycopg

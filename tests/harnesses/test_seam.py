@@ -63,7 +63,11 @@ def test_spec_harness_name_and_settings_name_the_field(tmp_path):
     ok = spec(tmp_path, harness="claude-code", provider="anthropic", settings='settings = { tools = "Bash" }')
     assert ok.harness.settings == {"tools": "Bash"}
     assert problems(tmp_path, harness="codex", provider="anthropic") == {
-        "model.provider": "harness codex speaks only to openai"}
+        "model.provider": "harness codex speaks only to openai; with [gateway] it takes a model of any provider the"
+                          " gateway serves"}
+    # through the gateway, which translates between wire formats
+    assert spec(tmp_path, harness="codex", provider="anthropic", backend="[gateway]").model.provider == "anthropic"
+    assert spec(tmp_path, harness="claude-code", provider="openai", backend="[gateway]").gateway is not None
 
 
 def test_npm_harnesses_choose_the_docker_launcher(tmp_path):
