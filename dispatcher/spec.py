@@ -354,7 +354,7 @@ class GatewaySpec(Strict):
     key_ttl_s: float = Field(7 * 24 * 3600, gt=0, description=(
         "the run's gateway key expires this long after it is minted (a resumed run mints it again)"))
     provider_keys: str | None = Field(None, description=(
-        "a registered ProviderKeys (dispatcher.provider_keys.PROVIDER_KEYS: simulator) or a dotted path to one: the"
+        "a registered ProviderKeys (dispatcher.provider_keys.PROVIDER_KEYS: simulator, openrouter) or a dotted path to one: the"
         " run gets a provider key of its own whose spend limit is budget.run_usd, enforced by the provider. Default:"
         " simulator when the run's provider is its own simulator, else none (the gateway key's budget is the cap)"))
 

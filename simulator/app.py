@@ -71,6 +71,10 @@ def make_app(config: SimulatorConfig) -> web.Application:
     app.router.add_post("/_sim/admin/keys", _mint_key)
     app.router.add_get("/_sim/admin/keys/{id}", _key_usage)
     app.router.add_delete("/_sim/admin/keys/{id}", _revoke_key)
+    # the same keys through OpenRouter's management API (dispatcher/provider_keys/openrouter.py drives it)
+    app.router.add_post("/api/v1/keys", _openrouter_create)
+    app.router.add_get("/api/v1/keys/{id}", _openrouter_get)
+    app.router.add_delete("/api/v1/keys/{id}", _openrouter_delete)
     app[WIRES] = wires
     return app
 
@@ -137,6 +141,37 @@ async def _revoke_key(request: web.Request) -> web.Response:
     k = _known_key(request)
     request.app[STATE].keys.revoke(k.id)
     return web.json_response(k.public())
+
+
+def _openrouter_key(k: ProviderKey) -> dict:
+    """A key as OpenRouter's management API shows it: its hash, limit and usage in USD (no calls, no tokens)."""
+    left = None if k.limit_usd is None else max(k.limit_usd - k.usage.cost_usd, 0.0)
+    return {"hash": k.id, "name": k.name, "label": k.key[:12] + "...", "disabled": k.revoked, "limit": k.limit_usd,
+            "limit_remaining": left, "usage": k.usage.cost_usd, "created_at": None, "updated_at": None}
+
+
+async def _openrouter_create(request: web.Request) -> web.Response:
+    _admin(request)
+    body = await request.json()
+    limit = body.get("limit")
+    k = request.app[STATE].keys.mint(str(body.get("name", "")), None if limit is None else float(limit))
+    return web.json_response({"data": _openrouter_key(k), "key": k.key}, status=201)
+
+
+def _live_key(request: web.Request) -> ProviderKey:
+    k = _known_key(request)
+    if k.revoked:  # OpenRouter deletes a key: it is gone from the API
+        raise web.HTTPNotFound(text="no such key")
+    return k
+
+
+async def _openrouter_get(request: web.Request) -> web.Response:
+    return web.json_response({"data": _openrouter_key(_live_key(request))})
+
+
+async def _openrouter_delete(request: web.Request) -> web.Response:
+    request.app[STATE].keys.revoke(_live_key(request).id)
+    return web.json_response({"deleted": True})
 
 
 def _handler(wire: Wire):

@@ -9,5 +9,6 @@ from plumbing.registry import Registry
 
 PROVIDER_KEYS: Registry[type[ProviderKeys]] = Registry("provider keys", base=ProviderKeys)
 PROVIDER_KEYS.register("simulator", "dispatcher.provider_keys.simulator:SimulatorKeys")
+PROVIDER_KEYS.register("openrouter", "dispatcher.provider_keys.openrouter:OpenRouterKeys")
 
 __all__ = ["PROVIDER_KEYS", "MintedKey", "ProviderKeys"]

@@ -15,6 +15,8 @@ class MintedKey(BaseModel):
 class ProviderKeys:
     """One provider account, reached with its admin (management) key at base_url."""
 
+    counts_calls = True  # usage() gives calls and tokens by kind; False: its cost only (the reconciliation compares that)
+
     def __init__(self, base_url: str, admin_key: str):
         self.base_url, self.admin_key = base_url.rstrip("/"), admin_key
 

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from contract.models import Totals, Usage
 from dispatcher import store
+from dispatcher.provider_keys import PROVIDER_KEYS
 
 TOKENS = ("input_tokens", "cached_tokens", "cache_write_tokens", "output_tokens")
 COST_TOLERANCE_USD = 1e-9  # both meters store cost as numeric(18, 9)
@@ -33,6 +34,7 @@ class Reconciliation(BaseModel):
     gateway: Totals
     provider: Totals | None = None  # the run's provider key's usage, as recorded when the run ended
     provider_key: str | None = None
+    provider_counts_calls: bool = True  # False: the provider reports the key's cost only (OpenRouter)
     differences: list[Difference]
 
     @property
@@ -46,6 +48,7 @@ class Reconciliation(BaseModel):
     def summary(self) -> dict:
         """The official report's extra key `meters`: whether the meters agree, how many calls differ, each total."""
         return {"agree": self.agree, "differences": len(self.differences), "shim": self.shim.model_dump(),
+                "provider_counts_calls": self.provider_counts_calls,
                 "gateway": self.gateway.model_dump(),
                 "provider": None if self.provider is None else self.provider.model_dump()}
 
@@ -68,6 +71,16 @@ def _difference(row: dict) -> str | None:
     return "; ".join(diffs) or None
 
 
+def provider_differences(provider: Totals, gateway: Totals, counts_calls: bool) -> list[str]:
+    """How the provider's usage of the run's key differs from the gateway's rows, in total: calls, tokens by kind
+    (where the provider counts them) and cost, beyond rounding (each row's cost is rounded once)."""
+    off = [f"{k} {getattr(provider, k)} vs {getattr(gateway, k)}" for k in ("calls", *TOKENS)
+           if counts_calls and getattr(provider, k) != getattr(gateway, k)]
+    if abs(provider.cost_usd - gateway.cost_usd) > COST_TOLERANCE_USD * max(gateway.calls, 1):
+        off.append(f"cost ${provider.cost_usd:.9f} vs ${gateway.cost_usd:.9f}")
+    return off
+
+
 def reconcile(conn: psycopg.Connection, run: str) -> Reconciliation:
     shim, gateway, differences = Totals(), Totals(), []
     for row in store.meter_pairs(conn, run):
@@ -79,18 +92,15 @@ def reconcile(conn: psycopg.Connection, run: str) -> Reconciliation:
             differences.append(Difference(shim_call_id=row["shim_call_id"],
                                           gateway_call_id=row["g_gateway_call_id"] or row["shim_gateway_call_id"],
                                           what=what))
-    provider, key_id = None, None
+    provider, key_id, counts_calls = None, None, True
     if (pk := store.provider_key(conn, run)) is not None and pk.usage is not None:
         provider, key_id = Totals.model_validate(pk.usage), pk.key_id
-        off = [f"{k} {getattr(provider, k)} vs {getattr(gateway, k)}" for k in ("calls", *TOKENS)
-               if getattr(provider, k) != getattr(gateway, k)]
-        if abs(provider.cost_usd - gateway.cost_usd) > COST_TOLERANCE_USD * max(gateway.calls, 1):
-            off.append(f"cost ${provider.cost_usd:.9f} vs ${gateway.cost_usd:.9f}")
-        if off:
+        counts_calls = PROVIDER_KEYS.get(pk.provider).counts_calls
+        if off := provider_differences(provider, gateway, counts_calls):
             differences.append(Difference(shim_call_id=None, gateway_call_id=None,
                                           what=f"provider key {key_id} vs the gateway, in total: " + "; ".join(off)))
     return Reconciliation(run=run, shim=shim, gateway=gateway, provider=provider, provider_key=key_id,
-                          differences=differences)
+                          provider_counts_calls=counts_calls, differences=differences)
 
 
 def print_reconciliation(console: Console, r: Reconciliation, limit: int = 50) -> None:
@@ -101,7 +111,8 @@ def print_reconciliation(console: Console, r: Reconciliation, limit: int = 50) -
     if r.provider is not None:
         meters.append((f"provider (key {r.provider_key})", r.provider))
     for name, m in meters:
-        t.add_row(name, str(m.calls), *(str(getattr(m, k)) for k in TOKENS), f"${m.cost_usd:.6f}")
+        counted = m is not r.provider or r.provider_counts_calls
+        t.add_row(name, *(str(getattr(m, k)) if counted else "–" for k in ("calls", *TOKENS)), f"${m.cost_usd:.6f}")
     console.print(t)
     console.print(f"calls that differ: {len(r.differences)}", soft_wrap=True)
     for d in r.differences[:limit]:
