@@ -1,7 +1,7 @@
 """One red-team run and one honest run per launcher (process, docker), shared by this folder's tests.
 
-Both runs attempt one synthetic instance against a provider simulator this module starts (model.base_url), whose key,
-like the run's AWS credentials, is a canary: `EPCANARY` + 32 hex digits, unique to the session, so that a scan for
+Both runs attempt one synthetic instance through the gateway tier against a provider simulator this module starts
+(model.base_url), whose key, like the run's AWS credentials and the gateway's admin key, is a canary: `EPCANARY` + 32 hex digits, unique to the session, so that a scan for
 that shape finds secrets exactly. The red-team run's simulator attacks the task first (simulator/red_team.py), then
 applies the same patch as the honest run: a wrong fix, the attack's conftest.py and its grading probe (the package's
 __init__.py gains code that, when grading's tests import it, probes what grading lets it see).
@@ -169,6 +169,8 @@ launcher = "{launcher}"
 backend = "{launcher}"
 workers = 1
 timeout_s = 300
+
+[gateway]
 """
 
 
@@ -272,9 +274,10 @@ def _write_key(path: Path, value: str) -> None:
 
 
 def plant_keys(env: dict, run: str) -> dict[str, str]:
-    """The run's secrets, known beforehand: the run secret and the verdict key as canaries in the 0600 files the
-    dispatcher makes them in on first use (it uses them as found), and what derives from them (the attempt's
-    signing key, the run's Valkey password), with the admin Valkey password. Name -> value."""
+    """The run's secrets, known beforehand: the run secret, the verdict key and the gateway's admin (master) key as
+    canaries in the 0600 files the dispatcher and the gateway tier make them in on first use (they use them as
+    found), and what derives from them (the attempt's signing key, the run's Valkey password, the run's gateway
+    key), with the admin Valkey password and the provider key (which only the gateway holds). Name -> value."""
     from contract import signing
     from contract.models import AttemptRef
 
@@ -286,12 +289,17 @@ def plant_keys(env: dict, run: str) -> dict[str, str]:
         verdict = verdict_file.read_text().strip()
     else:
         _write_key(verdict_file, verdict)
+    master_file = state / "gateway" / "master.key"
+    master = master_file.read_text().strip() if master_file.exists() else "sk-" + canary()  # LiteLLM's shape
+    if not master_file.exists():
+        _write_key(master_file, master)
     ref = AttemptRef(run=run, instance_id=INSTANCE, attempt=1)
-    return {"run secret": run_secret, "verdict key": verdict,
+    return {"run secret": run_secret, "verdict key": verdict, "gateway master key": master,
+            "gateway run key": signing.gateway_key(run_secret.encode()),
             "attempt key": signing.attempt_key(run_secret.encode(), ref).decode(),
             "valkey run password": signing.valkey_password(run_secret.encode()),
             "valkey admin password": urlsplit(env["VALKEY_URL"]).password or "",
-            "upstream key": env["EVALPLANE_UPSTREAM_KEY"], "aws secret": env["AWS_SECRET_ACCESS_KEY"]}
+            "provider key": env["EVALPLANE_UPSTREAM_KEY"], "aws secret": env["AWS_SECRET_ACCESS_KEY"]}
 
 
 @pytest.fixture(scope="session")
