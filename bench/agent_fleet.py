@@ -94,16 +94,21 @@ class AgentFleet:
                 msg = self.conn.recv()
                 if msg[0] == "quit":
                     self.threads.shutdown(wait=True)
+                    self._report()  # what the last tasks left, then the end of the reports
+                    self.conn.send(("closed", None))
                     return
                 for instance_id, attempt, job_uri, env in msg[1]:
                     self.threads.submit(self._task, instance_id, attempt, job_uri, env)
-            with self.lock:
-                exits, self.exits = self.exits, []
-                timings, self.timings = self.timings, []
-            if exits:
-                self.conn.send(("exit", exits))
-            if timings:
-                self.conn.send(("tasks", timings))
+            self._report()
+
+    def _report(self) -> None:
+        with self.lock:
+            exits, self.exits = self.exits, []
+            timings, self.timings = self.timings, []
+        if exits:
+            self.conn.send(("exit", exits))
+        if timings:
+            self.conn.send(("tasks", timings))
 
     def _task(self, instance_id: str, attempt: int, job_uri: str, env: dict[str, str]) -> None:
         launched = time.time()

@@ -235,6 +235,7 @@ class Fleet:
                 msg = self.conn.recv()
                 if msg[0] == "quit":
                     self.pool_.shutdown(wait=True)
+                    self.conn.send(("closed", None))
                     return
                 for instance_id, attempt, run, env in msg[1]:
                     self._launch(instance_id, attempt, run, env)
@@ -297,13 +298,15 @@ class FleetLauncher(Launcher):
     def drain(self) -> None:
         self.flush()
         while self.conn.poll(0):
-            kind, body = self.conn.recv()
-            if kind == "exit":
-                self.codes.update((f"{i}/{a}", code) for i, a, code in body)
-            elif kind == "stats":
-                self.stats = body
-            else:
-                self.on_message(kind, body)
+            self._received(*self.conn.recv())
+
+    def _received(self, kind: str, body) -> None:
+        if kind == "exit":
+            self.codes.update((f"{i}/{a}", code) for i, a, code in body)
+        elif kind == "stats":
+            self.stats = body
+        else:
+            self.on_message(kind, body)
 
     def on_message(self, kind: str, body) -> None:
         """A message of the fleet's own kind."""
@@ -327,6 +330,14 @@ class FleetLauncher(Launcher):
     def close(self) -> None:
         self.drain()
         self.conn.send(("quit",))
+        # the fleet's last reports (of tasks that ended as the run did) come before it says it has closed
+        deadline = time.monotonic() + 30
+        while self.proc.is_alive() and time.monotonic() < deadline:
+            if self.conn.poll(0.1):
+                kind, body = self.conn.recv()
+                if kind == "closed":
+                    break
+                self._received(kind, body)
         self.proc.join(30)
 
 

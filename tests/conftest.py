@@ -24,6 +24,8 @@ from tests import tiers
 
 BASE_DATABASE_URL = os.environ.get("DATABASE_URL", db.DEFAULT_DATABASE_URL)
 ROOT = Path(__file__).resolve().parents[1]
+if worker := os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's docker-launcher runs on a network of its own
+    os.environ.setdefault("EVALPLANE_TASK_NETWORK", f"evalplane-tasks-{worker}")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by these markers

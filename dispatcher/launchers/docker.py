@@ -32,6 +32,15 @@ from plumbing.egress import EGRESS_IMAGE, Egress
 L_ROLE, L_RUN, L_INSTANCE, L_ATTEMPT = "evalplane.role", "evalplane.run", "evalplane.instance", "evalplane.attempt"
 
 
+TASK_NETWORK_ENV = "EVALPLANE_TASK_NETWORK"
+
+
+def task_network() -> str:
+    """The tasks' network (its egress container is `<network>-egress`): EVALPLANE_TASK_NETWORK names another than
+    the default, for runs sharing one engine at once with other upstreams (an egress serves one set of routes)."""
+    return os.environ.get(TASK_NETWORK_ENV, "evalplane-tasks")
+
+
 def container_name(ref: AttemptRef) -> str:
     """One name per attempt: Docker itself then refuses a second container for the same attempt."""
     return re.sub(r"[^a-zA-Z0-9_.-]", "_", f"ep-{ref.run}-{ref.instance_id}-{ref.attempt}")
@@ -49,10 +58,8 @@ class DockerLauncher(Launcher):
             task_shape.UPSTREAM_KEY_ENV: ctx.upstream_key, "EVALPLANE_STATE_DIR": task_shape.STATE_DIR,
             ISOLATE_ENV: "1" if ctx.plan.spec.backend.isolate_agent else "0",
             task_shape.OWN_CGROUP_ENV: "1"}
-        # EVALPLANE_TASK_NETWORK: another network (and egress) than the default, for runs sharing one engine at once
-        network = os.environ.get("EVALPLANE_TASK_NETWORK", "evalplane-tasks")
         return cls(env, [ctx.upstream_url, ctx.valkey_url, *endpoints], log_dir=ctx.run_dir / "tasks",
-                   attempt_env=ctx.attempt_env, network=network, resources=ctx.plan.spec.backend.resources)
+                   attempt_env=ctx.attempt_env, network=task_network(), resources=ctx.plan.spec.backend.resources)
 
     def __init__(self, env: dict[str, str], allowed: Sequence[str], *, egress_image: str = EGRESS_IMAGE,
                  network: str = "evalplane-tasks", log_dir: Path | None = None,

@@ -11,6 +11,7 @@ import docker
 from ew_helpers import make_job, patch_from_edits
 
 from contract.models import EvalOutcome
+from dispatcher.launchers.docker import task_network
 from eval_worker.docker_backend import INDEX_DOWN, DockerGrader
 from eval_worker.grading import grade, infra_entry
 from eval_worker.layout import instance_log_dir
@@ -53,7 +54,7 @@ def test_a_grading_container_reaches_the_index_and_nothing_else(docker_client, p
     targets = [("index on the host's bridge address", gateway, index_port), ("host ssh", gateway, 22),
                ("postgres", gateway, 5432), ("own loopback postgres", "127.0.0.1", 5432),
                ("metadata", "169.254.169.254", 80), ("ecs metadata", "169.254.170.2", 80),
-               ("tasks egress", "evalplane-tasks-egress", 4599)]
+               ("tasks egress", task_network() + "-egress", 4599)]
     index = sealed.environment["PIP_INDEX_URL"]
     code = f"TARGETS = {targets!r}\nINDEX = {index!r}\n" + PROBE
     # what run_instance asks for (swebench's create_container), sealed on the way

@@ -111,8 +111,13 @@ def test_a_replica_killed_mid_run_loses_no_call(tmp_path, env, database_url, uni
         after_kill = conn.execute("SELECT count(*) FROM gateway_calls WHERE owner = %s AND replica = 'replica-1'",
                                   (unique,)).fetchone()[0]
         retried = conn.execute("SELECT coalesce(sum(retries), 0) FROM calls WHERE run = %s", (unique,)).fetchone()[0]
+        differing = [d for d in meters.differences if d.shim_call_id or d.gateway_call_id]
+        why = [(d.what, conn.execute("SELECT replica, status, route, latency_ms, output_tokens FROM gateway_calls WHERE"
+                                     " gateway_call_id = %s", (d.gateway_call_id,)).fetchone(),
+                conn.execute("SELECT outcome, http_status, retries, usage_estimated, stream, latency_ms FROM calls"
+                             " WHERE call_id::text = %s", (d.shim_call_id or "",)).fetchone()) for d in differing]
     assert status == demo_expectation()
-    assert [d for d in meters.differences if d.shim_call_id or d.gateway_call_id] == [], meters.differences
+    assert differing == [], why
     assert meters.shim.calls == meters.gateway.calls > 3 and after_kill > 0
     assert meters.shim.model_dump() == pytest.approx(meters.gateway.model_dump())
     # A call the killed replica was serving reached the provider, which counts it, but neither the replica (killed

@@ -67,9 +67,10 @@ def grading_intel(env: dict, launcher: str) -> dict:
     if launcher == "docker":
         import docker
 
+        from dispatcher.launchers.docker import task_network
         from plumbing.egress import bridge_gateway
 
-        hosts += [bridge_gateway(docker.from_env()), "evalplane-tasks-egress"]  # the tasks' relays listen there
+        hosts += [bridge_gateway(docker.from_env()), task_network() + "-egress"]  # the tasks' relays listen there
     state = env["EVALPLANE_STATE_DIR"]
     ports = [["postgres", urlsplit(env["DATABASE_URL"]).port or 5432], ["valkey", urlsplit(env["VALKEY_URL"]).port],
              ["s3-sqs", urlsplit(env["AWS_ENDPOINT_URL"]).port], ["package-index", daemons.INDEX_PORT]]
@@ -208,7 +209,9 @@ def run_once(tmp: Path, launcher: str, red: bool, base_env: dict, database_url: 
     if red:
         valkey_port = urlsplit(base_env["VALKEY_URL"]).port or 6379
         aws_port = urlsplit(base_env["AWS_ENDPOINT_URL"]).port
-        egress = "evalplane-tasks-egress"  # the docker launcher's network's one peer, by its name
+        from dispatcher.launchers.docker import task_network
+
+        egress = task_network() + "-egress"  # the docker launcher's network's one peer, by its name
         hosts = ["127.0.0.1"] if launcher == "process" else [egress]
         intel = tmp / "intel.json"
         intel_doc = {"run": run, "hosts": hosts, "valkey_port": valkey_port, "aws_port": aws_port,
