@@ -33,6 +33,20 @@ def pytest_collection_modifyitems(config, items):
     tiers.mark(items)
 
 
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadgroup by tests.tiers.group_of: pytest-xdist 3.8's own grouping marks node ids in a way pytest 9
+    ignores (every test then goes anywhere, and a shared run is made once per worker)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return tiers.group_of(nodeid.split("::", 1)[0].removeprefix("tests/"))
+
+    return ByGroup(config, log)
+
+
 def _with_db(url: str, name: str) -> str:
     base, _, _ = url.rpartition("/")
     return f"{base}/{name}"

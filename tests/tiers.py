@@ -82,7 +82,8 @@ def tier_of(item: pytest.Item, relpath: str) -> str:
 
 
 # Folders whose files share session-scoped runs (tests/harnesses: one run per harness; tests/security: the red-team
-# and honest runs): one pytest-xdist group each, so that one worker makes each run once.
+# and honest runs): one group of tests each for pytest-xdist (tests/conftest.py's scheduler), so that one worker
+# makes each run once.
 SHARED_RUNS = ("harnesses", "security")
 # The heaviest groups, scheduled first so that no long group starts last (scripts/test.sh --side-by-side).
 HEAVY_FIRST = ("harnesses", "security", "e2e/test_local_run.py", "dispatcher/test_outage_run.py",
@@ -90,21 +91,19 @@ HEAVY_FIRST = ("harnesses", "security", "e2e/test_local_run.py", "dispatcher/tes
 
 
 def group_of(relpath: str) -> str:
-    """The test's pytest-xdist group (--dist loadgroup): its file, or its folder where the folder shares runs.
-    A file's tests stay on one worker, with its module-scoped fixtures."""
+    """The group a test under tests/ runs in under pytest-xdist's --dist loadgroup: its file, or its folder where
+    the folder shares runs. A file's tests stay on one worker, with its module-scoped fixtures."""
     top = relpath.split("/", 1)[0]
     return top if top in SHARED_RUNS else relpath
 
 
 def mark(items: list[pytest.Item]) -> None:
-    """Give each collected test its tier marker and its xdist group (tests/conftest.py's
-    pytest_collection_modifyitems), heaviest groups first."""
+    """Give each collected test its tier marker (tests/conftest.py's pytest_collection_modifyitems), and order
+    the tests heaviest group first."""
     for item in items:
-        relpath = item.path.relative_to(TESTS).as_posix()
-        tier = tier_of(item, relpath)
+        tier = tier_of(item, item.path.relative_to(TESTS).as_posix())
         if not item.get_closest_marker(tier):
             item.add_marker(getattr(pytest.mark, tier))
-        item.add_marker(pytest.mark.xdist_group(group_of(relpath)))
     rank = {g: i for i, g in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda it: rank.get(group_of(it.path.relative_to(TESTS).as_posix()), len(rank)))
 
