@@ -264,6 +264,10 @@ def judge(run_or_spec: RUN_OR_SPEC,
         raise Refused("--base-url is required for a run on AWS", EXIT_SPEC)
     settings = settings.model_copy(update={"upstream_url": upstream})
     judge_run = judge_run_name(run)
+    if through_gateway:  # SIGTERM ends the pass as Ctrl-C does: through the `finally` that revokes the key
+        import signal
+
+        signal.signal(signal.SIGTERM, _interrupted)
     try:
         if through_gateway:  # the shims get the judge's gateway key and alias; the provider key stays with the tier
             from dispatcher.judge.gateway import open_judge
@@ -290,6 +294,10 @@ def judge(run_or_spec: RUN_OR_SPEC,
         plain(err, f"  {problem}")
     if summary.left:
         raise typer.Exit(1)
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt
 
 
 def judge_argv(run: str, *, rubric: str | None, provider: str, model: str, base_url: str | None, api_key_env: str,

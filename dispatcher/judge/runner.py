@@ -100,8 +100,12 @@ class JudgePass:
             todo = self.pending(conn)
         summary = PassSummary()
         with ThreadPoolExecutor(max_workers=self.settings.concurrency, thread_name_prefix="judge") as pool:
-            for outcome in pool.map(self._judge_safely, todo):
-                self._count(summary, outcome)
+            try:
+                for outcome in pool.map(self._judge_safely, todo):
+                    self._count(summary, outcome)
+            except BaseException:  # interrupted: the queued attempts return at once (the executor's exit would
+                self._stop.set()   # otherwise judge them all); the calls in flight finish and land
+                raise
         summary.budget_exhausted = self._stop.is_set()
         return summary
 

@@ -5,6 +5,10 @@ and the judge's budget holds through the gateway."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
 from decimal import Decimal
 
 import httpx
@@ -16,7 +20,7 @@ from contract import keys as vkeys
 from gateway import keys
 from simulator import SimulatorConfig
 from simulator.testing import running_simulator
-from tests.report.test_judge import CASES, judge, make_run, stop_simulator, verdicts
+from tests.report.test_judge import CASES, ROOT, judge, make_run, stop_simulator, verdicts
 
 WITH_TRAJECTORY = {iid for iid, case in CASES.items() if case[0] is not None}
 
@@ -142,3 +146,25 @@ def test_the_judges_key_serves_its_alias_within_its_budget_and_not_after_the_pas
         assert after.status_code == 401, after.text
     r = redis.Redis.from_url(valkey_url)
     assert int(r.get(vkeys.gateway_spend(owner)) or 0) > 0  # the meter charged the judge's owner
+
+
+def test_a_judge_pass_stopped_half_way_revokes_its_key(pg, valkey, env, unique):
+    """SIGTERM (as Ctrl-C) mid-pass: the attempts not yet asked are left for a rerun, the key is refused at once."""
+    make_run(pg, unique)
+    proc = subprocess.Popen([sys.executable, "-m", "dispatcher", "judge", unique, "--gateway", "--concurrency", "1",
+                             "--budget-usd", "0.05"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and len(verdicts(pg, unique)) < 2 and proc.poll() is None:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the judge finished before it could be stopped"
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        stop_simulator(env, unique)
+    assert proc.returncode != 0, stderr[-3000:]
+    assert 2 <= len(verdicts(pg, unique)) < len(CASES)  # stopped: not every trajectory was asked
+    assert_key_revoked(pg, valkey, unique)
