@@ -63,3 +63,26 @@ def meter_drained(conn: psycopg.Connection, valkey, owner: str, timeout_s: float
             return False
         time.sleep(0.2)
     return True
+
+
+def put_provider_key(key_file, provider_key: str) -> str:
+    """`provider_key` into the local tier's 0600 key file (gateway.keyfile) under its digest name: that name, which a
+    deployment carries instead of the key."""
+    from gateway import keyfile
+
+    name = key_name(provider_key)
+    keyfile.put(key_file, name, provider_key)
+    return name
+
+
+def open_owner(conn: psycopg.Connection, valkey, owner: str, url: str, alias: str,
+               deployments: list[aliases.Deployment], key: str, budget_usd: float | None,
+               ttl_s: float) -> RunGateway:
+    """A key of `owner`'s own (the judge's: a fresh one per pass) with `budget_usd`, scoped to `alias` and its
+    deployments. The owner's earlier keys are revoked first: mint replaces only the PostgreSQL row, and a killed
+    pass's key would otherwise stay live in Valkey until it expires."""
+    aliases.register(conn, alias, deployments)
+    keys.revoke(conn, valkey, owner)
+    keys.mint(conn, valkey, key, keys.KeyRecord(owner=owner, aliases=[alias], budget_usd=budget_usd,
+                                                expires_at=keys.expiry(ttl_s)))
+    return RunGateway(url=url, alias=alias, key=key)

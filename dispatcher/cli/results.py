@@ -196,6 +196,10 @@ def judge(run_or_spec: RUN_OR_SPEC,
           attempt_usd: Annotated[float | None, typer.Option(help="a cap per judged trajectory")] = None,
           max_tokens: int = 1024,
           concurrency: int = 2,
+          gateway: Annotated[bool | None, typer.Option(
+              "--gateway/--no-gateway", help="through the local gateway tier under a key of the judge's own, its"
+              " budget --budget-usd (default: on for a local run whose spec has [gateway])",
+              show_default=False)] = None,
           here: Annotated[bool, typer.Option(
               "--here", help="judge in this process even for a run on AWS (the ECS task's)")] = False) -> None:
     """A model judges each attempt's trajectory against a rubric (one verdict row each).
@@ -206,7 +210,7 @@ def judge(run_or_spec: RUN_OR_SPEC,
     from pydantic import ValidationError
 
     from dispatcher.judge import rubric as rubrics
-    from dispatcher.judge.runner import JudgePass, JudgeSettings
+    from dispatcher.judge.runner import JudgePass, JudgeSettings, judge_run_name
 
     run = target.resolve(run_or_spec).run
     try:
@@ -228,6 +232,10 @@ def judge(run_or_spec: RUN_OR_SPEC,
             err.print(f"--{str(problem['loc'][0]).replace('_', '-')}: {problem['msg']}", highlight=False)
         raise typer.Exit(EXIT_SPEC) from None
     where = BACKENDS.get(backend)
+    through_gateway = gateway if gateway is not None else where.local_stack and spec.get("gateway") is not None
+    if through_gateway and not where.local_stack:  # an estate's judge task calls its gateway with --base-url
+        raise Refused(f"--gateway: the judge mints its own gateway key on the local tier only; run {run!r} is on"
+                      f" backend {backend!r} (its judge task calls the estate's gateway: --base-url)", EXIT_SPEC)
     if not where.local_stack and not here:  # the judge runs where the run ran, beside its store
         from dispatcher.backends.stack_outputs import StackOutputsError
         from dispatcher.judge.ecs import launch
@@ -255,20 +263,41 @@ def judge(run_or_spec: RUN_OR_SPEC,
     else:
         raise Refused("--base-url is required for a run on AWS", EXIT_SPEC)
     settings = settings.model_copy(update={"upstream_url": upstream})
-    judging = JudgePass(run, chosen, settings, key, daemons.state_dir() / "judge", db.database_url())
+    judge_run = judge_run_name(run)
+    if through_gateway:  # SIGTERM ends the pass as Ctrl-C does: through the `finally` that revokes the key
+        import signal
+
+        signal.signal(signal.SIGTERM, _interrupted)
     try:
+        if through_gateway:  # the shims get the judge's gateway key and alias; the provider key stays with the tier
+            from dispatcher.judge.gateway import open_judge
+
+            gw = open_judge(db.database_url(), settings.valkey_url, judge_run, f"{model}@judge", provider, model,
+                            upstream, key, budget_usd, replicas=(spec.get("gateway") or {}).get("replicas", 2))
+            settings, key = settings.model_copy(update={"upstream_url": gw.url, "upstream_model": gw.alias}), gw.key
+        judging = JudgePass(run, chosen, settings, key, daemons.state_dir() / "judge", db.database_url())
         summary = judging.run_pass()
     finally:  # a killed pass leaves its simulator to the next one (LocalServices finds it); a finished one stops it
+        if through_gateway:  # finished, failed or interrupted: the judge's key is refused from now on
+            from dispatcher.judge.gateway import close_judge
+
+            if not close_judge(db.database_url(), settings.valkey_url, judge_run):
+                plain(err, f"some of {judge_run}'s gateway meter rows had not landed after 30 s")
         if services is not None:
             services.stop_all()
     out.print(f"run {run}, rubric {chosen.name} ({chosen.sha}): {summary.judged} judged,"
               f" {summary.parse_failures} parse failure(s), {summary.no_trajectory} without a trajectory,"
               f" {summary.over_attempt_cap} over the per-trajectory cap, {summary.left} left for a rerun;"
-              f" calls in the ledger under run {judging.judge_run!r}", highlight=False, soft_wrap=True)
+              f" calls in the ledger under run {judging.judge_run!r}"
+              f"{' (through the gateway, key revoked)' if through_gateway else ''}", highlight=False, soft_wrap=True)
     for problem in summary.problems[:20]:
         plain(err, f"  {problem}")
     if summary.left:
         raise typer.Exit(1)
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt
 
 
 def judge_argv(run: str, *, rubric: str | None, provider: str, model: str, base_url: str | None, api_key_env: str,

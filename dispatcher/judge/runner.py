@@ -42,6 +42,7 @@ class JudgeSettings(BaseModel):
     provider: Literal["openai", "anthropic"] = "openai"
     model: str = Field("gpt-4o-mini", min_length=1)
     upstream_url: str
+    upstream_model: str | None = None  # the judge's alias at the gateway (with --gateway): what its shims send
     budget_usd: float = Field(gt=0)  # the judge's own run cap, across all its calls
     attempt_usd: float | None = Field(None, gt=0)  # per trajectory
     max_tokens: int = Field(1024, ge=1)
@@ -99,8 +100,12 @@ class JudgePass:
             todo = self.pending(conn)
         summary = PassSummary()
         with ThreadPoolExecutor(max_workers=self.settings.concurrency, thread_name_prefix="judge") as pool:
-            for outcome in pool.map(self._judge_safely, todo):
-                self._count(summary, outcome)
+            try:
+                for outcome in pool.map(self._judge_safely, todo):
+                    self._count(summary, outcome)
+            except BaseException:  # interrupted: the queued attempts return at once (the executor's exit would
+                self._stop.set()   # otherwise judge them all); the calls in flight finish and land
+                raise
         summary.budget_exhausted = self._stop.is_set()
         return summary
 
@@ -159,7 +164,8 @@ class JudgePass:
             shim = JudgeShim(workdir, ref=AttemptRef(run=self.judge_run, instance_id=p.ref.instance_id,
                                                      attempt=p.ref.attempt),
                              upstream_url=self.settings.upstream_url, provider=self.settings.provider,
-                             model=self.settings.model, pool=self.pool, key=self.key,
+                             model=self.settings.model, upstream_model=self.settings.upstream_model,
+                             pool=self.pool, key=self.key,
                              valkey_url=self.settings.valkey_url,
                              limits=AttemptLimits(cost_usd=self.settings.attempt_usd),
                              run_cost_usd=self.settings.budget_usd)

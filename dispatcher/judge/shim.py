@@ -24,14 +24,16 @@ class ShimStartFailed(ServiceFailed):
 
 class JudgeShim:
     def __init__(self, workdir: Path, *, ref: AttemptRef, upstream_url: str, provider: str, model: str, pool: str,
-                 key: str, valkey_url: str | None, limits: AttemptLimits, run_cost_usd: float | None,
+                 key: str, upstream_model: str | None = None, valkey_url: str | None, limits: AttemptLimits, run_cost_usd: float | None,
                  start_timeout_s: float = 60.0):
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir, self.provider, self.model = workdir, provider, model
         self.token = "local-" + secrets.token_hex(16)
         self.ledger = workdir / "ledger.jsonl"
         self.status_file = workdir / "shim.status.json"
-        cfg = ShimConfig(upstream_url=upstream_url, provider=provider, model=model, pool=pool, ref=ref,
+        # upstream_model: the gateway's alias, as harness/task.py's shim sends job.model.alias (priced as `model`)
+        cfg = ShimConfig(upstream_url=upstream_url, provider=provider, model=model, upstream_model=upstream_model,
+                         pool=pool, ref=ref,
                          local_token=self.token, ledger_path=self.ledger, valkey_url=valkey_url,
                          results_queue_url=None, limits=limits, run_cost_usd=run_cost_usd,
                          port_file=workdir / "shim.port", status_path=self.status_file)

@@ -58,3 +58,18 @@ def test_a_run_on_aws_is_judged_by_an_ecs_task(pg, moto_endpoint, tmp_path, uniq
     assert rubric.load(copy) == mine
     assert override["environment"] == [{"name": "VALKEY_URL", "value": "rediss://valkey.invalid:6379/0"}]
     assert pg.execute("SELECT count(*) FROM judge_verdicts WHERE run = %s", (unique,)).fetchone()[0] == 0
+
+
+def test_gateway_is_refused_for_a_run_on_aws_before_any_task_starts(pg, moto_endpoint, unique, capsys):
+    """The judge mints its own gateway key on the local tier only: an estate's judge task calls its gateway with
+    --base-url and the key of its task definition. A stored [gateway] alone does not ask for it."""
+    ecs = boto3.client("ecs")
+    pg.execute("INSERT INTO runs (run, spec, spec_hash, backend, attempts) VALUES (%s, %s, 'h', 'aws', 1)",
+               (unique, Jsonb({"backend": {"kind": "aws", "stack_outputs": "/nonexistent/outputs.json"},
+                               "gateway": {}})))
+    pg.commit()
+    tasks_before = sum(len(ecs.list_tasks(cluster=c)["taskArns"]) for c in ecs.list_clusters()["clusterArns"])
+    assert main(["judge", unique, "--gateway"]) == 2
+    assert "--gateway: the judge mints its own gateway key on the local tier only" in capsys.readouterr().err
+    assert sum(len(ecs.list_tasks(cluster=c)["taskArns"]) for c in ecs.list_clusters()["clusterArns"]) == tasks_before
+    assert main(["judge", unique]) == 1  # without the flag: the ECS path as before (here: no stack outputs file)

@@ -1,0 +1,44 @@
+"""The judge through the local gateway tier (`judge RUN --gateway`): its calls go shim → gateway → provider under a
+gateway key of the judge's own (owner: the judge's run name, <run>.judge) whose budget is the judge's --budget-usd,
+scoped to an alias of its own; the provider key (the judge's simulator's, or --api-key-env's) stays with the tier.
+The key is revoked when the pass ends, and the pass's meter rows are waited for (gateway.runs.close_run)."""
+
+from __future__ import annotations
+
+import secrets
+
+import psycopg
+import redis
+
+from gateway.runs import RunGateway
+
+# A pass that outlives this mints a new key on its rerun; a killed pass's key is revoked by the next pass (open_owner)
+KEY_TTL_S = 24 * 3600.0
+
+
+def judge_alias(pool: str, judge_run: str) -> str:
+    """The judge's alias: its own, as a run on its own simulator has (the upstream is the judge's alone)."""
+    return f"{pool}/{judge_run}"
+
+
+def open_judge(database_url: str, valkey_url: str, judge_run: str, pool: str, provider: str, model: str,
+               upstream: str, provider_key: str, budget_usd: float, replicas: int = 2) -> RunGateway:
+    """The local tier running (started if it is not), the provider key in its key file, the judge's alias with the
+    upstream as its deployment, and the judge's key minted: what the judge's shims get instead of `provider_key`."""
+    from dispatcher.backends import daemons
+    from gateway import runs, tier
+
+    info = daemons.ensure_gateway(valkey_url, replicas)
+    name = runs.put_provider_key(tier.provider_keys_file(daemons.state_dir()), provider_key)
+    with psycopg.connect(database_url) as conn:
+        return runs.open_owner(conn, redis.Redis.from_url(valkey_url), judge_run, info.url,
+                               judge_alias(pool, judge_run), [runs.deployment(provider, model, upstream, name)],
+                               key="sk-judge-" + secrets.token_hex(24), budget_usd=budget_usd, ttl_s=KEY_TTL_S)
+
+
+def close_judge(database_url: str, valkey_url: str, judge_run: str) -> bool:
+    """The judge's key refused from now on; True once its meter rows have landed in gateway_calls."""
+    from gateway import runs
+
+    with psycopg.connect(database_url) as conn:
+        return runs.close_run(conn, redis.Redis.from_url(valkey_url), judge_run)
