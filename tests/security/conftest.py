@@ -307,11 +307,16 @@ def plant_keys(env: dict, run: str) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def security_env(database_url, valkey_url, moto_endpoint, tmp_path_factory):
-    """The dispatcher's environment with a canary for every secret it holds."""
-    return os.environ | {
+    """The dispatcher's environment with a canary for every secret it holds; the runs' gateway tier (a daemon of
+    the state folder) stopped at the end."""
+    from gateway import tier
+
+    state = tmp_path_factory.mktemp("security-state")
+    yield os.environ | {
         "DATABASE_URL": database_url, "VALKEY_URL": valkey_url, "AWS_ENDPOINT_URL": moto_endpoint,
-        "EVALPLANE_STATE_DIR": str(tmp_path_factory.mktemp("security-state")), "RAY_USAGE_STATS_ENABLED": "0",
+        "EVALPLANE_STATE_DIR": str(state), "RAY_USAGE_STATS_ENABLED": "0",
     } | RAY_ENV | {k: canary() for k in CANARY_ENV}
+    tier.stop(state)
 
 
 @pytest.fixture(scope="session")
