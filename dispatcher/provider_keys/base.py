@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 from pydantic import BaseModel
 
 from contract.models import Totals
@@ -19,6 +20,13 @@ class ProviderKeys:
 
     def __init__(self, base_url: str, admin_key: str):
         self.base_url, self.admin_key = base_url.rstrip("/"), admin_key
+
+    def _request(self, method: str, url: str, **kw) -> dict:
+        """One call of the admin API with the account's key as the bearer token, its JSON answer (an error status
+        raises httpx.HTTPStatusError)."""
+        r = httpx.request(method, url, timeout=30, headers={"Authorization": f"Bearer {self.admin_key}"}, **kw)
+        r.raise_for_status()
+        return r.json()
 
     def mint(self, name: str, limit_usd: float | None) -> MintedKey:
         """A new key that the provider refuses once its spend reaches limit_usd."""

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-import httpx
-
 from contract.models import Totals
 from dispatcher.provider_keys.base import MintedKey, ProviderKeys
 
@@ -18,10 +16,7 @@ class OpenRouterKeys(ProviderKeys):
 
     def _call(self, method: str, path: str, **kw) -> dict:
         u = urlsplit(self.base_url)
-        r = httpx.request(method, f"{u.scheme}://{u.netloc}/api/v1/keys{path}", timeout=30,
-                          headers={"Authorization": f"Bearer {self.admin_key}"}, **kw)
-        r.raise_for_status()
-        return r.json()
+        return self._request(method, f"{u.scheme}://{u.netloc}/api/v1/keys{path}", **kw)
 
     def mint(self, name: str, limit_usd: float | None) -> MintedKey:
         k = self._call("POST", "", json={"name": name, "limit": limit_usd})

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import httpx
-
 from contract.models import Totals
 from dispatcher.provider_keys.base import MintedKey, ProviderKeys
 
 
 class SimulatorKeys(ProviderKeys):
     def _call(self, method: str, path: str, **kw) -> dict:
-        r = httpx.request(method, f"{self.base_url}/_sim/admin/keys{path}", timeout=30,
-                          headers={"Authorization": f"Bearer {self.admin_key}"}, **kw)
-        r.raise_for_status()
-        return r.json()
+        return self._request(method, f"{self.base_url}/_sim/admin/keys{path}", **kw)
 
     def mint(self, name: str, limit_usd: float | None) -> MintedKey:
         k = self._call("POST", "", json={"name": name, "limit_usd": limit_usd})
