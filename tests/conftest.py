@@ -85,6 +85,19 @@ def valkey_url() -> str:
 
     url = default_url()
     redis.Redis.from_url(url).ping()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Each worker reaches Valkey at a loopback port of its own: the docker launcher relays a loopback endpoint
+        # to its tasks from a host port equal to it, which one worker's run would otherwise hold for another's
+        from urllib.parse import urlsplit
+
+        from plumbing.relay import Relay
+
+        u = urlsplit(url)
+        port = free_port()
+        Relay([("127.0.0.1", port, u.hostname, u.port or 6379)])
+        url = u._replace(netloc=u.netloc.rsplit(":", 1)[0] + f":{port}").geturl()
+        redis.Redis.from_url(url).ping()
+        os.environ["VALKEY_URL"] = url  # for what the worker's tests start without asking for this fixture
     return url
 
 

@@ -17,8 +17,10 @@ KEY_TTL_S = 24 * 3600.0
 
 
 def judge_alias(pool: str, judge_run: str) -> str:
-    """The judge's alias: its own, as a run on its own simulator has (the upstream is the judge's alone)."""
-    return f"{pool}/{judge_run}"
+    """The judge's alias: its own, as a run on its own simulator has (the upstream is the judge's alone), and new
+    for each pass: a rerun's upstream is another simulator, which a replica would not see under the old alias until
+    its next re-read (gateway.config alias_refresh_s)."""
+    return f"{pool}/{judge_run}/{secrets.token_hex(4)}"
 
 
 def open_judge(database_url: str, valkey_url: str, judge_run: str, pool: str, provider: str, model: str,

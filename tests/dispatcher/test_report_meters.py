@@ -42,7 +42,8 @@ def test_disagreeing_meters_are_flagged_in_the_table_and_the_official_report(mot
         captions[name] = console.export_text()
 
     assert reports["off"]["meters"] == {"agree": False, "differences": 1, "shim": off.shim.model_dump(),
-                                        "gateway": off.gateway.model_dump(), "provider": None}
+                                        "gateway": off.gateway.model_dump(), "provider": None,
+                                        "provider_counts_calls": True}
     assert "METERS DISAGREE: 1 differences" in captions["off"] and f"report {unique}" in captions["off"]
     assert reports["agree"]["meters"]["agree"] is True and reports["agree"]["meters"]["differences"] == 0
     assert "meters (shim, gateway) agree" in captions["agree"]
