@@ -58,15 +58,23 @@ def expiry(ttl_s: float) -> datetime:
     return datetime.now(UTC) + timedelta(seconds=ttl_s)
 
 
-def from_database(conn: psycopg.Connection, h: str) -> KeyRecord | None:
-    """A live key's record from PostgreSQL (None: unknown, revoked or expired)."""
-    row = conn.execute("SELECT owner, aliases, budget_usd, expires_at FROM gateway_keys"
-                       " WHERE key_hash = %s AND revoked_at IS NULL AND expires_at > now()", (h,)).fetchone()
-    conn.commit()
+# A live key's row by its hash (the replicas run it async, gateway/runtime.py; from_database here)
+LIVE_KEY_SQL = ("SELECT owner, aliases, budget_usd, expires_at FROM gateway_keys"
+                " WHERE key_hash = %s AND revoked_at IS NULL AND expires_at > now()")
+
+
+def record_of(row: tuple | None) -> KeyRecord | None:
     if row is None:
         return None
     return KeyRecord(owner=row[0], aliases=row[1], budget_usd=None if row[2] is None else float(row[2]),
                      expires_at=row[3])
+
+
+def from_database(conn: psycopg.Connection, h: str) -> KeyRecord | None:
+    """A live key's record from PostgreSQL (None: unknown, revoked or expired)."""
+    row = conn.execute(LIVE_KEY_SQL, (h,)).fetchone()
+    conn.commit()
+    return record_of(row)
 
 
 def from_cache(raw: bytes | str | None) -> KeyRecord | None:

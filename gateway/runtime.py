@@ -90,14 +90,10 @@ class Runtime:
         rec = gkeys.from_cache(await self.valkey.get(vkeys.gateway_key(h)))
         if rec is None:
             async def find(conn):
-                cur = await conn.execute("SELECT owner, aliases, budget_usd, expires_at FROM gateway_keys WHERE key_hash"
-                                         " = %s AND revoked_at IS NULL AND expires_at > now()", (h,))
-                return await cur.fetchone()
-            row = await self._query(find)
-            if row is None:
+                return await (await conn.execute(gkeys.LIVE_KEY_SQL, (h,))).fetchone()
+            rec = gkeys.record_of(await self._query(find))
+            if rec is None:
                 return None
-            rec = gkeys.KeyRecord(owner=row[0], aliases=row[1], budget_usd=None if row[2] is None else float(row[2]),
-                                  expires_at=row[3])
             await self.valkey.set(vkeys.gateway_key(h), rec.model_dump_json(),
                                   pxat=int(rec.expires_at.timestamp() * 1000))
         return None if rec.expired() else rec
