@@ -126,8 +126,9 @@ def rss_mb(pid: int) -> float:
 
 
 @contextmanager
-def shim_process(upstream: str, valkey_url: str, run: str, env_over: dict | None = None, **over):
-    """`python -m shim` as the task runner starts it (harness/task.py): yields (URL, process, exec-to-ready s)."""
+def shim_process(upstream: str, valkey_url: str, run: str, env_over: dict | None = None, key: str = KEY, **over):
+    """`python -m shim` as the task runner starts it (harness/task.py), calling `upstream` with `key`: yields (URL,
+    process, exec-to-ready s)."""
     r = redis.Redis.from_url(valkey_url)
     r.hset(keys.pool_limits(f"{run}-pool"), mapping=POOL_LIMITS)
     r.close()
@@ -139,7 +140,7 @@ def shim_process(upstream: str, valkey_url: str, run: str, env_over: dict | None
         env = {**{k: v for k, v in os.environ.items() if k != "SHIM_LOG_LEVEL"},
                "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env_over or {})}
         # no start timeout, and a 1 ms poll: the time to ready is a figure of the bench
-        shim = shim_service(cfg, Path(d, "shim.json"), KEY, log=Path(d, "shim.log"), env=env, cwd=ROOT,
+        shim = shim_service(cfg, Path(d, "shim.json"), key, log=Path(d, "shim.log"), env=env, cwd=ROOT,
                             timeout_s=None, poll_s=0.001, grace_s=30)
         t0 = time.perf_counter()
         with shim.start():

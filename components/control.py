@@ -151,6 +151,8 @@ class HeadNodeArgs:
     eval_cluster_arn: pulumi.Input[str]
     eval_cluster_name: str
     eval_service_name: str
+    gateway_cluster_name: str  # a run raises the gateway service's desired count to the replicas its plan sized
+    gateway_service_name: str
     task_families: list[str]  # RunTask is allowed for these families (any revision) only
     registered_family: str  # the family the dispatcher registers task-image revisions in (the harness template's)
     pass_role_arns: list[pulumi.Input[str]]
@@ -208,7 +210,10 @@ class HeadNode(pulumi.ComponentResource):
                 ),
                 statement(
                     ["ecs:DescribeServices", "ecs:UpdateService"],
-                    [ecs_arn("service", f"{args.eval_cluster_name}/{args.eval_service_name}")],
+                    [
+                        ecs_arn("service", f"{args.eval_cluster_name}/{args.eval_service_name}"),
+                        ecs_arn("service", f"{args.gateway_cluster_name}/{args.gateway_service_name}"),
+                    ],
                 ),
                 statement(
                     ["iam:PassRole"],

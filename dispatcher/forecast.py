@@ -15,7 +15,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel
 
-from dispatcher.driver.fleet import ComputePrediction, PoolObservation
+from dispatcher.driver.fleet import ComputePrediction, GatewaySizing, PoolObservation
 
 # Before any run of a launcher has been seen: from `run` to the first task running (the driver's cluster, the
 # run's queues and eval workers, the first task's start).
@@ -41,6 +41,7 @@ class Forecast(BaseModel):
     token_usd: float | None  # None: the model is not in the price table
     capped_by_budget: bool
     compute: ComputePrediction
+    gateway: GatewaySizing | None = None  # the gateway tier the run's calls need (None: the spec has no [gateway])
 
     @property
     def total_usd(self) -> float | None:
@@ -142,7 +143,7 @@ def make(conn: psycopg.Connection, plan, todo: int) -> Forecast:
     from contract import compute_prices, pricing
     from contract.models import utcnow
     from dispatcher import images as task_images
-    from dispatcher.driver.fleet import predict, predict_compute
+    from dispatcher.driver.fleet import predict, predict_compute, size_gateway
     from dispatcher.launchers import launcher_class
 
     spec = plan.spec
@@ -168,7 +169,8 @@ def make(conn: psycopg.Connection, plan, todo: int) -> Forecast:
         limits_source=source, observation=obs, start_s=start_s, start_basis=start_basis, launch_s=p.launch_s,
         attempts_s=p.wall_time_s, grading_s=grading_s, images_to_build=to_build, image_build_s=build_s,
         wall_time_s=(build_s or 0.0) + start_s + p.wall_time_s + grading_s,
-        token_usd=None if price is None else p.cost_usd, capped_by_budget=p.capped_by_budget, compute=compute)
+        token_usd=None if price is None else p.cost_usd, capped_by_budget=p.capped_by_budget, compute=compute,
+        gateway=None if spec.gateway is None else size_gateway(p, obs, spec.gateway.replica_calls_per_s))
 
 
 def record(conn: psycopg.Connection, run: str, forecast: Forecast) -> None:

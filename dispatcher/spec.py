@@ -351,6 +351,9 @@ class GatewaySpec(Strict):
     then hold the run's gateway key, never the provider key."""
 
     replicas: int = Field(2, ge=1, le=8, description="LiteLLM replicas behind the balancer (backend local)")
+    replica_calls_per_s: float = Field(40.0, gt=0, description=(
+        "calls per second one replica serves flat out, which `plan` sizes the tier from (half of it per replica):"
+        " bench/bench_gateway.py measures it on your hardware"))
     key_ttl_s: float = Field(7 * 24 * 3600, gt=0, description=(
         "the run's gateway key expires this long after it is minted (a resumed run mints it again)"))
     provider_keys: str | None = Field(None, description=(

@@ -59,11 +59,12 @@ def _secret_file(path: Path) -> str:
 
 
 def haproxy_config(port: int, replicas: dict[str, int]) -> str:
+    # http-no-delay: else haproxy holds a stream's small first segments back to merge them (~200 ms to first byte)
     servers = "".join(f"  server {name} 127.0.0.1:{p} check\n" for name, p in replicas.items())
     return (
         "global\n  maxconn 4096\n"
         "defaults\n  mode http\n  timeout connect 5s\n  timeout client 900s\n  timeout server 900s\n"
-        "  retries 3\n  option redispatch\n"
+        "  retries 3\n  option redispatch\n  option http-no-delay\n"
         f"frontend gateway\n  bind 127.0.0.1:{port}\n  default_backend litellm\n"
         "backend litellm\n  balance leastconn\n"
         f"  option httpchk GET {HEALTH_PATH}\n  http-check expect status 200\n"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from contract.signing import RunKeys
 from dispatcher.backends.base import Backend, key_folder
 from dispatcher.backends.resources import RunResources
 from dispatcher.backends.stack_outputs import StackOutputs
+
+log = logging.getLogger("evalplane.backends.aws")
 
 
 class AwsBackend(Backend):
@@ -146,7 +149,28 @@ class AwsBackend(Backend):
                                                        name)],
                            budget_usd=None if spec.provider_keys is not None else spec.budget.run_usd)
         self.task_secrets = {task_shape.UPSTREAM_KEY_ENV: self._put_run_secret(gw.key)}
+        self.scale_gateway(conn)
         return gw
+
+    def scale_gateway(self, conn) -> int | None:
+        """The estate's gateway service raised to the replicas the run's forecast sized for it (`plan` prints them);
+        never lowered, since other runs may share the tier (`pulumi up` sets it back to gatewayReplicas). The
+        service's desired count after, or None where nothing says (no forecast kept, an estate without the outputs)."""
+        from dispatcher import forecast
+
+        made, out = forecast.recorded(conn, self.spec.run.name), self.outputs
+        if made is None or made.gateway is None or not (out.gateway_cluster_name and out.gateway_service_name):
+            return None
+        ecs = aws.client("ecs")
+        (service,) = ecs.describe_services(cluster=out.gateway_cluster_name,
+                                           services=[out.gateway_service_name])["services"]
+        if service["desiredCount"] >= made.gateway.replicas:
+            return service["desiredCount"]
+        ecs.update_service(cluster=out.gateway_cluster_name, service=out.gateway_service_name,
+                           desiredCount=made.gateway.replicas)
+        log.info("gateway service %s: %d replicas for %.1f calls/s (was %d)", out.gateway_service_name,
+                 made.gateway.replicas, made.gateway.calls_per_s, service["desiredCount"])
+        return made.gateway.replicas
 
     def _put_run_secret(self, key: str) -> str:
         """The run's key in its own secret (made, or its value replaced on a resume); its ARN."""

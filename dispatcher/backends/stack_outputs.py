@@ -36,6 +36,8 @@ class StackOutputs(BaseModel):
     valkey_endpoint: str
     valkey_port: int = 6379
     gateway_url: str
+    gateway_cluster_name: str | None = None  # the gateway service a run scales to the replicas its plan sized
+    gateway_service_name: str | None = None
     task_images_repository_url: str  # where `python -m dispatcher images` pushes task images (ECR)
     harness_capacity: int | None = None
     # Secrets Manager: the verdict key (eval fleet and writer), the dispatcher's Valkey user ({username, password})

@@ -92,6 +92,11 @@ def forecast(run_or_spec: Annotated[str, typer.Argument(metavar="RUN_OR_SPEC", h
         f" (capped by the run budget ${spec.budget.run_usd})" if f.capped_by_budget else "")
     out.print(f"predicted cost: {cost}", soft_wrap=True)
     out.print(f"run cap ${spec.budget.run_usd:g} held by {spec.cap_holder()}", soft_wrap=True)
+    if f.gateway is not None:
+        g = f.gateway
+        out.print(f"gateway tier: {g.replicas} replica(s) for {g.calls_per_s:.1f} calls/s at the predicted fleet"
+                  f" (a replica serves {g.replica_calls_per_s:g} calls/s flat out, sized to half of it;"
+                  f" gateway.replica_calls_per_s)", soft_wrap=True)
     c, r = f.compute, f.compute.resources
     out.print(f"predicted compute cost: ${c.total_usd:.4f} (tasks ${c.task_usd:.4f} at {r.cpu:g} vCPU,"
               f" {r.memory_limit_mib} MiB; grading ${c.grading_usd:.4f} at {obs.grading_minutes:.1f} min each;"

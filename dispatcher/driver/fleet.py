@@ -217,6 +217,31 @@ def predict(n_attempts: int, limits: dict[str, int], obs: PoolObservation, price
                       capped_by_budget=cost > run_usd, basis=obs.basis)
 
 
+# A replica is one event loop: past about half its capacity, calls queue behind each other's processing.
+GATEWAY_UTILISATION = 0.5
+
+
+class GatewaySizing(BaseModel):
+    calls_per_s: float  # the fleet's calls per second at its predicted size (the limits' rate where they bind)
+    replica_calls_per_s: float  # what one replica serves flat out ([gateway] replica_calls_per_s)
+    replicas: int
+
+
+def gateway_replicas(calls_per_s: float, replica_calls_per_s: float, minimum: int = 2) -> int:
+    """Replicas that serve `calls_per_s` with none past GATEWAY_UTILISATION of its capacity, and never fewer than
+    `minimum` (a replica lost must not stop the run)."""
+    return max(minimum, math.ceil(calls_per_s / (replica_calls_per_s * GATEWAY_UTILISATION)))
+
+
+def size_gateway(p: Prediction, obs: PoolObservation, replica_calls_per_s: float) -> GatewaySizing:
+    """The gateway tier for a predicted run: its fleet's calls per second (no more than its limits admit)."""
+    rate = p.concurrency * obs.calls_per_attempt / (obs.attempt_minutes * 60)
+    if math.isfinite(p.calls_per_minute):
+        rate = min(rate, p.calls_per_minute / 60)
+    return GatewaySizing(calls_per_s=rate, replica_calls_per_s=replica_calls_per_s,
+                         replicas=gateway_replicas(rate, replica_calls_per_s))
+
+
 class ComputePrediction(BaseModel):
     task_usd: float  # every attempt's task at the spec's resources for the observed attempt time
     grading_usd: float  # the attempts with a patch graded (the observed share of them)

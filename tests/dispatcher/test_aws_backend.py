@@ -415,3 +415,38 @@ def test_a_runs_own_provider_key_is_put_where_only_the_gateway_reads_it(
             backend.close_gateway(conn, redis.Redis.from_url(valkey_url))
             conn.execute(f'DROP OWNED BY "{role["username"]}"')
             conn.execute(f'DROP ROLE IF EXISTS "{role["username"]}"')
+
+
+def test_a_run_raises_the_gateway_service_to_the_replicas_its_forecast_sized(
+        estate, tmp_path, database_url, moto_endpoint, unique):  # noqa: F811
+    """open_gateway's scaling (AwsBackend.scale_gateway): the estate's gateway service goes up to the replicas the
+    run's kept forecast sized, and never down (other runs share the tier); without a forecast it is left alone."""
+    import psycopg
+    from test_forecast import made
+
+    from dispatcher import forecast
+    from dispatcher.backends.aws import AwsBackend
+    from dispatcher.driver.fleet import GatewaySizing
+
+    ecs = boto3.client("ecs")
+    outputs = json.loads(estate.read_text())
+    cluster = ecs.create_cluster(clusterName=f"{unique}-gateway")["cluster"]["clusterArn"]
+    ecs.create_service(cluster=cluster, serviceName=f"{unique}-gateway", desiredCount=2,
+                       taskDefinition=outputs["harness_task_definition_arn"])
+    estate.write_text(json.dumps(outputs | {"gateway_cluster_name": f"{unique}-gateway",
+                                            "gateway_service_name": f"{unique}-gateway"}))
+    backend = AwsBackend(_gateway_spec(tmp_path, estate, unique))
+
+    def desired() -> int:
+        return ecs.describe_services(cluster=cluster, services=[f"{unique}-gateway"])["services"][0]["desiredCount"]
+
+    def keep(replicas: int) -> None:
+        forecast.record(conn, unique, made(600, 1.0, 0.1, 0.1).model_copy(update={"gateway": GatewaySizing(
+            calls_per_s=replicas * 20.0, replica_calls_per_s=40.0, replicas=replicas)}))
+
+    with psycopg.connect(database_url) as conn:
+        assert backend.scale_gateway(conn) is None and desired() == 2  # no forecast kept: left alone
+        keep(5)
+        assert backend.scale_gateway(conn) == 5 and desired() == 5
+        keep(3)
+        assert backend.scale_gateway(conn) == 5 and desired() == 5  # another run's replicas are not taken away

@@ -17,9 +17,11 @@ from dispatcher.driver.fleet import (
     Planner,
     PoolObservation,
     feedable,
+    gateway_replicas,
     launch_seconds,
     observe,
     predict,
+    size_gateway,
 )
 from tests.prices import TABLE
 
@@ -113,6 +115,7 @@ stack_outputs = "{estate}"
 concurrency = 20000
 [eval]
 workers = 1000
+[gateway]
 """)
     rc = cli.main(["plan", str(spec)])
     out, err = capsys.readouterr()
@@ -123,6 +126,9 @@ workers = 1000
     # first attempts' end (8 min): 108 min, 83.4 min after the attempts; 30 s to start the run (the prior)
     assert ("predicted wall time: 108.5 min (30 s start-up from prior, 24.6 min of attempts with the launch time,"
             " 83.4 min of grading after them at 1000 eval worker(s))") in out, out
+    # 20,000 attempts of 40 calls in 8 min (the prior): 1,666.7 calls/s, at half of 40 calls/s per replica
+    assert ("gateway tier: 84 replica(s) for 1666.7 calls/s at the predicted fleet (a replica serves 40 calls/s flat"
+            " out, sized to half of it; gateway.replica_calls_per_s)") in out, out
     # compute: each task at the spec's default size (1 vCPU, 4 GiB) for the prior's 8 minutes, each grading 5
     table = tomllib.loads(TABLE.read_text())
     t, g = table["task"], table["grading"]
@@ -205,3 +211,17 @@ def test_spot_tasks_are_predicted_at_the_spot_rates_and_the_saving_is_shown():
     assert on_demand.spot_saving_usd == 0 and half.spot_saving_usd == pytest.approx(5 * per_task_saving)
     assert half.task_usd == pytest.approx(on_demand.task_usd - half.spot_saving_usd)
     assert half.grading_usd == on_demand.grading_usd
+
+
+def test_the_gateway_tier_is_sized_for_the_fleets_calls_at_half_a_replicas_capacity():
+    assert gateway_replicas(100, 40) == 5  # 100 calls/s at 20 a replica
+    assert gateway_replicas(1, 40) == 2  # never fewer than two: losing one must not stop the run
+    assert gateway_replicas(1, 40, minimum=1) == 1
+    # 30 calls in 10 min: 0.05 calls/s an attempt; 400 attempts make 20 calls/s: 1 replica's half, so two
+    p = predict(1000, {}, OBS, None, max_concurrency=400, run_usd=1e9)
+    g = size_gateway(p, OBS, 40)
+    assert (p.concurrency, g.calls_per_s, g.replicas) == (400, pytest.approx(20), 2)
+    assert size_gateway(p, OBS, 4).replicas == 10
+    # where the limits bind, the tier serves what they admit: rpm 600 is 10 calls/s, whatever the fleet
+    limited = predict(1000, {"rpm": 600}, OBS, None, max_concurrency=400, run_usd=1e9)
+    assert size_gateway(limited, OBS, 4).calls_per_s == pytest.approx(10)

@@ -135,3 +135,14 @@ def test_no_harness_task_definition_names_a_provider_key_or_the_master_key(estat
         assert forbidden not in text, forbidden
     (gateway,) = _containers(s, "evalplane-gateway")
     assert "ANTHROPIC_API_KEY" not in json.dumps(gateway)  # not even the gateway's holds one: its task role reads them
+
+
+def test_the_dispatcher_may_scale_the_gateway_service_and_no_other_tier(estate_snapshot):
+    """A run raises the gateway service's desired count to what its plan sized (AwsBackend.scale_gateway): the
+    dispatcher's role may describe and update that service, by the names the stack outputs give it."""
+    s = estate_snapshot
+    assert (s.outputs["gateway_cluster_name"], s.outputs["gateway_service_name"]) == ("evalplane-gateway",) * 2
+    assert s.one("aws:ecs/service:Service", "evalplane-gateway-service").inputs["name"] == "evalplane-gateway"
+    (scale,) = [st for st in _policies(s)["dispatcher"]["Statement"] if "ecs:UpdateService" in st["Action"]]
+    assert sorted(r.rsplit(":", 1)[1] for r in scale["Resource"]) == [
+        "service/evalplane-eval/evalplane-eval-worker", "service/evalplane-gateway/evalplane-gateway"]
