@@ -19,6 +19,9 @@ import urllib.request
 
 PACKAGE_INDEX_ENV = "EVALPLANE_PACKAGE_INDEX"  # the index's simple-API URL, as a grading's pip is to use it
 PROBE_PROJECT = "pip"  # what a health check asks the index for: served from upstream or from the cache
+# The proxy's own health (its cache folder still there), not its upstream's: whether a running daemon is restarted
+# is decided on this, so that an upstream's slow answer never restarts an index under a running grading
+HEALTH_PATH = "/_health"
 # proxpi waits this long for a file it is fetching before it redirects the client to the upstream, which a grading
 # cannot reach: long enough for the largest wheels, so it never redirects
 DOWNLOAD_TIMEOUT_S = 300
@@ -82,13 +85,28 @@ def url_for(host: str, port: int) -> str:
     return f"http://{host}:{port}/index/"
 
 
-def simple_api_only(app):
-    """The WSGI app answering only what pip reads (GET and HEAD under /index/): proxpi's cache-invalidation routes
-    are not a grading's to call (on AWS the load balancer's listener rule does the same)."""
+def healthy(url: str, timeout: float = 10.0) -> bool:
+    """The index at `url` (url_for's) is this project's, and its cache folder is in place."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/").removesuffix("/index") + HEALTH_PATH, timeout=timeout) as r:
+            return r.status == 200
+    except (OSError, ValueError, urllib.error.URLError):
+        return False
+
+
+def simple_api_only(app, cache_dir: str | None = None):
+    """The WSGI app answering only what pip reads (GET and HEAD under /index/) and its own health (HEALTH_PATH):
+    proxpi's cache-invalidation routes are not a grading's to call (on AWS the load balancer's listener rule does
+    the same)."""
 
     def wrapped(environ, start_response):
-        if environ.get("REQUEST_METHOD") in ("GET", "HEAD") and environ.get("PATH_INFO", "").startswith("/index/"):
+        method, path = environ.get("REQUEST_METHOD"), environ.get("PATH_INFO", "")
+        if method in ("GET", "HEAD") and path.startswith("/index/"):
             return app(environ, start_response)
+        if method == "GET" and path == HEALTH_PATH:
+            ok = cache_dir is None or os.access(cache_dir, os.W_OK)
+            start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [b"ok\n" if ok else b"the cache folder is gone\n"]
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"not found\n"]
 
@@ -101,7 +119,7 @@ def serve(host: str, port: int, cache_dir: str) -> None:
     from proxpi.server import app  # reads its configuration from the environment when imported
     from werkzeug.serving import run_simple
 
-    run_simple(host, port, simple_api_only(app), threaded=True)
+    run_simple(host, port, simple_api_only(app, cache_dir), threaded=True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -93,7 +93,7 @@ def ensure_package_index() -> str:
     cache.mkdir(exist_ok=True)
     _daemon("package-index", "a package index",
             [sys.executable, "-m", "eval_worker.package_index", "--host", host, "--port", str(INDEX_PORT),
-             "--cache-dir", str(cache)], host, INDEX_PORT, "EVALPLANE_INDEX_PORT", lambda: package_index.available(url))
+             "--cache-dir", str(cache)], host, INDEX_PORT, "EVALPLANE_INDEX_PORT", lambda: package_index.healthy(url))
     return url
 
 
