@@ -13,6 +13,7 @@ import pytest
 from dispatcher.cli.errors import EXIT_SPEC, Refused
 from dispatcher.cli.target import resolve
 from dispatcher.spec import SpecError
+from tests.e2e.test_local_run import without_gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL = ROOT / "examples" / "local.toml"
@@ -49,7 +50,7 @@ def test_neither_is_refused():
 
 def local_spec(tmp_path: Path, run: str) -> Path:
     f = tmp_path / "spec.toml"
-    f.write_text(LOCAL.read_text().replace('"synthetic/', f'"{LOCAL.parent}/synthetic/')
+    f.write_text(without_gateway(LOCAL.read_text()).replace('"synthetic/', f'"{LOCAL.parent}/synthetic/')
                  .replace('name = "local-demo"', f'name = "{run}"'))
     return f
 

@@ -1,7 +1,7 @@
-"""The demo run (examples/local.toml: synthetic instances, mini-swe-agent, the simulator, the process launcher),
-watched live in headless Chromium through `python -m dispatcher dashboard`; the numbers the page showed at the end
-are checked against PostgreSQL. Then the run's report and the judge over its real trajectories. The screenshots
-in the README (docs/images/) are made here."""
+"""The demo run (examples/local.toml: synthetic instances, mini-swe-agent, the gateway tier, the simulator, the
+process launcher), watched live in headless Chromium through `python -m dispatcher dashboard`; the numbers the page
+showed at the end are checked against PostgreSQL. Then the run's report and the judge over its real trajectories.
+The screenshots in the README (docs/images/) are made here."""
 
 from __future__ import annotations
 
@@ -64,10 +64,14 @@ def shoot(browser, path: Path, height: int | None = None) -> None:
 
 @pytest.fixture(scope="module")
 def demo_env(tmp_path_factory, database_url, valkey_url, moto_endpoint):
+    """The demo's environment; the gateway tier its run started (the spec's [gateway]) is stopped after the module."""
+    from gateway import tier
+
     tmp = tmp_path_factory.mktemp("demo")
-    return tmp, os.environ | {"DATABASE_URL": database_url, "VALKEY_URL": valkey_url,
-                              "AWS_ENDPOINT_URL": moto_endpoint, "EVALPLANE_STATE_DIR": str(tmp / "state"),
-                              "RAY_USAGE_STATS_ENABLED": "0"}
+    yield tmp, os.environ | {"DATABASE_URL": database_url, "VALKEY_URL": valkey_url,
+                             "AWS_ENDPOINT_URL": moto_endpoint, "EVALPLANE_STATE_DIR": str(tmp / "state"),
+                             "RAY_USAGE_STATS_ENABLED": "0"}
+    tier.stop(tmp / "state")
 
 
 @pytest.fixture(scope="module")

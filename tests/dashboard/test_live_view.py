@@ -26,6 +26,7 @@ from dispatcher.dashboard.view import ValkeyLiveSource
 from dispatcher.driver.progress import Progress, eta_s
 from dispatcher.plan import make_plan
 from dispatcher.spec import load_spec
+from tests.e2e.test_local_run import without_gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,7 +47,8 @@ class Loop:
 
 
 def plan_for(tmp: Path, run: str):
-    text = (ROOT / "examples" / "local.toml").read_text().replace('name = "local-demo"', f'name = "{run}"')
+    text = without_gateway((ROOT / "examples" / "local.toml").read_text()).replace('name = "local-demo"',
+                                                                                  f'name = "{run}"')
     text = text.replace('"synthetic/', f'"{ROOT}/examples/synthetic/').replace("run_usd = 2.0", "run_usd = 0.5")
     text = text.replace('max_tokens = 1024', f'max_tokens = 1024\npool = "pool-{run}"')  # a pool of its own
     spec = tmp / "spec.toml"

@@ -29,6 +29,7 @@ from dispatcher.driver import loop as runmod
 from dispatcher.driver.writer import ResultsWriter
 from dispatcher.plan import make_plan
 from dispatcher.spec import load_spec
+from tests.e2e.test_local_run import without_gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 SYNTHETIC = ROOT / "examples" / "synthetic"
@@ -39,7 +40,7 @@ GRADED = {"evalplane__calc-1": "UNRESOLVED", "evalplane__textkit-2": "EMPTY_PATC
 
 
 def spec_file(tmp_path: Path, run: str, verdict_wait_s: float = VERDICT_WAIT_S) -> Path:
-    text = (ROOT / "examples" / "local.toml").read_text()
+    text = without_gateway((ROOT / "examples" / "local.toml").read_text())
     text = text.replace('name = "local-demo"', f'name = "{run}"').replace('"synthetic/', f'"{SYNTHETIC}/')
     text = text.replace("timeout_s = 120", f"timeout_s = 120\nverdict_wait_s = {verdict_wait_s}")
     spec = tmp_path / "spec.toml"

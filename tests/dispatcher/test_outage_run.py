@@ -15,6 +15,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests.e2e.test_local_run import without_gateway
+
 ROOT = Path(__file__).resolve().parents[2]
 SYNTHETIC = ROOT / "examples" / "synthetic"
 OUTAGE_S = 90
@@ -24,7 +26,7 @@ pytestmark = pytest.mark.e2e
 
 def run(tmp_path: Path, name: str, database_url, valkey_url, moto_endpoint, *, outage_s: float = 0,
         bound_s: float = 600, concurrency: int = 2, outage_after: int = 2) -> dict[str, tuple[str, str | None]]:
-    text = (ROOT / "examples" / "local.toml").read_text()
+    text = without_gateway((ROOT / "examples" / "local.toml").read_text())
     text = text.replace('name = "local-demo"', f'name = "{name}"').replace('"synthetic/', f'"{SYNTHETIC}/')
     # a pool of its own: the breaker is the pool's, and other runs on the machine (other tests, other sessions) must
     # neither close it with their provider's answers nor find it open after this run's outage

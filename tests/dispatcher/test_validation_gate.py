@@ -7,12 +7,14 @@ import pytest
 
 from dispatcher.plan import apply_validation, make_plan
 from dispatcher.spec import SpecError, load_spec
+from tests.e2e.test_local_run import without_gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def spec_with(tmp_path, policy: str):
-    text = (ROOT / "examples/local.toml").read_text().replace('"synthetic/', f'"{ROOT}/examples/synthetic/')
+    text = without_gateway((ROOT / "examples/local.toml").read_text())
+    text = text.replace('"synthetic/', f'"{ROOT}/examples/synthetic/')
     text = text.replace("[eval]", f'[eval]\nrequire_validated = "{policy}"')
     p = tmp_path / "spec.toml"
     p.write_text(text)

@@ -11,11 +11,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def env(tmp_path, database_url, valkey_url, moto_endpoint):
-    """The environment of a dispatcher run: this session's database, the shared Valkey, moto, a fresh state dir."""
-    return os.environ | {
+    """The environment of a dispatcher run: this session's database, the shared Valkey, moto, a fresh state dir.
+    A gateway tier the run started (the demo spec's [gateway]) outlives its driver: stopped after the test."""
+    from gateway import tier
+
+    yield os.environ | {
         "DATABASE_URL": database_url, "VALKEY_URL": valkey_url, "AWS_ENDPOINT_URL": moto_endpoint,
         "EVALPLANE_STATE_DIR": str(tmp_path / "state"), "RAY_USAGE_STATS_ENABLED": "0",
     }
+    tier.stop(tmp_path / "state")
 
 
 class LoopbackRegistry:

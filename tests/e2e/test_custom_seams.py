@@ -18,7 +18,7 @@ INSTANCES = ("evalplane__calc-2", "evalplane__textkit-1")
 
 
 def test_a_launcher_and_a_grader_named_by_dotted_path_run_a_run(tmp_path, env, database_url, unique):
-    spec = write_spec(tmp_path, unique)
+    spec = write_spec(tmp_path, unique, gateway=False)
     text = spec.read_text()
     text = text.replace(f'repos = "{SYNTHETIC}/repos"',
                         f'repos = "{SYNTHETIC}/repos"\nids = {json.dumps(list(INSTANCES))}')

@@ -26,7 +26,7 @@ def images(docker_engine):
 
 
 def docker_spec(tmp_path: Path, run: str, validated: str) -> Path:
-    spec = write_spec(tmp_path, run)
+    spec = write_spec(tmp_path, run, gateway=False)
     text = spec.read_text()
     text = text.replace('kind = "local"', 'kind = "local"\nlauncher = "docker"')
     text = text.replace("[eval]", f'[eval]\nbackend = "docker"\nrequire_validated = "{validated}"')

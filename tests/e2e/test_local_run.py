@@ -32,8 +32,24 @@ def demo_expectation() -> dict[str, str]:
     return want
 
 
-def write_spec(tmp_path: Path, run: str, concurrency: int = 2) -> Path:
+def without_gateway(text: str) -> str:
+    """A spec's text without its [gateway] table: the demo spec's calls then go from the shim straight to the
+    simulator. For the tests whose point is not the gateway tier (which each would start two LiteLLM replicas of
+    their own) or whose behaviour it changes (injected errors, outages, lost verdicts, the spec's own checks)."""
+    kept, inside = [], False
+    for line in text.splitlines(keepends=True):
+        if line.lstrip().startswith("["):
+            inside = line.split("#", 1)[0].strip() == "[gateway]"
+        if not inside:
+            kept.append(line)
+    return "".join(kept)
+
+
+def write_spec(tmp_path: Path, run: str, concurrency: int = 2, gateway: bool = True) -> Path:
+    """The demo spec (examples/local.toml) under run name `run`, its paths absolute; gateway=False: without_gateway."""
     text = (ROOT / "examples" / "local.toml").read_text()
+    if not gateway:
+        text = without_gateway(text)
     text = text.replace('name = "local-demo"', f'name = "{run}"')
     text = text.replace('"synthetic/', f'"{SYNTHETIC}/')
     text = text.replace("concurrency = 2", f"concurrency = {concurrency}")
@@ -121,7 +137,7 @@ KILL_POINTS = {
 def test_kill_9_and_resume_lands_every_attempt_once(tmp_path, env, database_url, unique):
     """One run whose driver is killed three times, once at each point (during launch, during harness tasks, during
     grading), each kill followed by `resume` in a new driver; the last resume finishes the run."""
-    spec = write_spec(tmp_path, unique, concurrency=1)
+    spec = write_spec(tmp_path, unique, concurrency=1, gateway=False)
     landed, command = 0, "run"
     for point, reached in KILL_POINTS.items():
         proc = subprocess.Popen([sys.executable, "-m", "dispatcher", command, str(spec)], env=env, cwd=ROOT,
@@ -153,7 +169,7 @@ def test_kill_9_and_resume_lands_every_attempt_once(tmp_path, env, database_url,
 
 
 def test_different_spec_under_same_run_name_is_refused(tmp_path, env, database_url, unique):
-    spec = write_spec(tmp_path, unique)
+    spec = write_spec(tmp_path, unique, gateway=False)
     with psycopg.connect(database_url) as conn:
         conn.execute("INSERT INTO runs (run, spec, spec_hash, backend, attempts) VALUES (%s, '{}', 'other', 'local', 1)",
                      (unique,))
@@ -164,7 +180,7 @@ def test_different_spec_under_same_run_name_is_refused(tmp_path, env, database_u
 
 
 def test_cancel_stops_the_run_and_lands_every_attempt(tmp_path, env, database_url, unique):
-    spec = write_spec(tmp_path, unique, concurrency=1)
+    spec = write_spec(tmp_path, unique, concurrency=1, gateway=False)
     proc = subprocess.Popen([sys.executable, "-m", "dispatcher", "run", str(spec)], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 240
@@ -188,7 +204,7 @@ def test_an_attempt_that_cannot_set_up_is_an_infrastructure_failure_not_an_empty
     row = instances()[1]
     row = {**row, "instance_id": "evalplane__calc-9", "base_commit": "f" * 40}
     (tmp_path / "broken.jsonl").write_text(json.dumps(row) + "\n")
-    spec = write_spec(tmp_path, unique)
+    spec = write_spec(tmp_path, unique, gateway=False)
     spec.write_text(spec.read_text().replace(f'dataset = "{SYNTHETIC}/instances.jsonl"',
                                              f'dataset = "{tmp_path}/broken.jsonl"'))
     p = dispatcher(env, "run", str(spec), "--out", str(tmp_path / "out"))
@@ -208,7 +224,7 @@ def test_a_provider_refusing_past_every_retry_is_an_infrastructure_failure(tmp_p
     official report lists it among the infrastructure failures, never as the model's."""
     row = instances()[1]
     (tmp_path / "one.jsonl").write_text(json.dumps(row) + "\n")
-    spec = write_spec(tmp_path, unique)
+    spec = write_spec(tmp_path, unique, gateway=False)
     text = spec.read_text().replace(f'dataset = "{SYNTHETIC}/instances.jsonl"', f'dataset = "{tmp_path}/one.jsonl"')
     text = text.replace("wall_time_s = 300", "wall_time_s = 45") + "error_rate = 1.0\nerror_statuses = [429]\n"
     spec.write_text(text)

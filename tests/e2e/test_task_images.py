@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 
 
 def images_spec(tmp_path: Path, run: str, extra: str = "") -> Path:
-    spec = write_spec(tmp_path, run)
+    spec = write_spec(tmp_path, run, gateway=False)
     text = spec.read_text().replace('kind = "local"', 'kind = "local"\nlauncher = "docker"')
     spec.write_text(text + extra)
     return spec
