@@ -80,7 +80,9 @@ def test_300_attempts_never_spend_past_the_run_cap(tmp_path, valkey_url, unique)
     n = 300
 
     async def main(url: str):
-        r = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(valkey_url, max_connections=64))
+        # timeout=None: on a loaded machine a call waits for a free connection (the pool gives up after 20 s)
+        r = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(valkey_url, max_connections=64,
+                                                                            timeout=None))
         shims = []
         for i in range(n):
             d = tmp_path / f"a{i}"

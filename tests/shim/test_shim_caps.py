@@ -97,7 +97,9 @@ def test_run_cap_holds_under_concurrency(sim, shim, valkey, unique):
 
 def test_hold_lua_is_exact_under_concurrency(valkey_url, unique):
     async def main():
-        r = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(valkey_url, max_connections=16))
+        # timeout=None: on a loaded machine a call waits for a free connection (the pool gives up after 20 s)
+        r = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(valkey_url, max_connections=16,
+                                                                            timeout=None))
         budgets = [ValkeyBudget(r, AttemptRef(run=unique, instance_id=f"i{i}", attempt=1), None, 0.0005, 60)
                    for i in range(8)]
         results = await asyncio.gather(*(budgets[i % 8].hold(f"c{i}", 7) for i in range(200)))
