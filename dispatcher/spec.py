@@ -100,7 +100,9 @@ class ModelSpec(Strict):
     model: str = Field(min_length=1)
     pool: str | None = Field(None, description="Pool alias; default '<model>@<harness>'")
     api_key_env: str = Field("EVALPLANE_UPSTREAM_KEY", description="Env var holding the run's provider key")
-    base_url: str | None = Field(None, description="Gateway base URL; unset with backend local = the simulator")
+    base_url: str | None = Field(None, description=(
+        "the provider's endpoint (behind the gateway tier with [gateway], else what the shims call); unset with"
+        " backend local = the simulator"))
     max_tokens: int = Field(4096, ge=1)
     rpm: int | None = Field(None, ge=1, description="Pool limits, until discovered from headers")
     itpm: int | None = Field(None, ge=1)
