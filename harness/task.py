@@ -278,12 +278,12 @@ def run_harness(job: Job, adapter: HarnessAdapter, testbed: Path, workdir: Path,
         proc = subprocess.Popen(argv, env=hr.env, cwd=cwd, stdout=out,
                                 stderr=subprocess.STDOUT if out is logf else logf,
                                 stdin=stdin, start_new_session=True)
-        stopped, timed_out, held = None, False, 0.0
+        stopped, timed_out, held, failing = None, False, 0.0, 0
         try:
             while proc.poll() is None:
                 time.sleep(0.5)
                 status = shim.status()
-                stopped = status.get("stopped")
+                stopped, failing = status.get("stopped"), status.get("failing") or 0
                 held = max(held, status.get("held_s") or 0.0)  # an outage's hold is not the attempt's time
                 timed_out = time.monotonic() > deadline + held
                 if stopped or timed_out:
@@ -303,6 +303,8 @@ def run_harness(job: Job, adapter: HarnessAdapter, testbed: Path, workdir: Path,
         return HarnessOutcome.INFRA_ERROR, f"{PROVIDER_OUTAGE}: the provider's outage outlasted [budget] outage_bound_s"
     if stopped:
         return HarnessOutcome(stopped), None
+    if timed_out and failing:  # the wall time ran out while the shim retried refused calls: the shim's own verdict
+        return HarnessOutcome.INFRA_ERROR, "rate_limited: the attempt's wall time ran out while the upstream refused its calls"
     if timed_out:
         return HarnessOutcome.WALL_TIME_EXCEEDED, None
     return adapter.outcome(hr, proc.returncode), None

@@ -5,8 +5,8 @@
 #                                         own: nothing of the host answers there, which proves the tier needs none;
 #                                         one pytest worker per core (pytest-xdist), as nothing in it is shared
 #   scripts/test.sh --side-by-side [pytest args]
-#                                         every tier but unit (CI): the services, docker and e2e tiers side by side
-#                                         in three pytest workers, then the tests marked `alone`, with nothing beside
+#                                         every tier but unit (CI): the services tier in a session of its own beside
+#                                         the docker and e2e tiers, then the tests marked `alone`, with nothing beside
 # Other arguments go to pytest (e.g. scripts/test.sh -q -m services).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,14 +56,23 @@ if [ "$mode" = all ]; then
   prebuild
   exec .venv/bin/python -m pytest --durations=15 "$@"
 fi
-# Every tier but unit in one pytest session of three workers (pytest-xdist): the services tier waits on round trips,
-# the docker and e2e tiers on containers and runs, so three share two cores. Each worker has its own database, moto
-# and task network (tests/conftest.py); a file's tests, or a folder's sharing one run, stay on one worker, heaviest
-# first (tests/tiers.py). Then the tests marked `alone`, with nothing beside. Every test's time goes to .state/junit/.
+# The services tier in a session of its own beside the docker and e2e tiers (one waits on round trips to PostgreSQL
+# and Valkey, the other on containers and runs); each session has its own database (tests/conftest.py), and the
+# services session's output is printed when it ends. Then the tests marked `alone`, with nothing beside. Every test's
+# time goes to .state/junit/. (`-n 3 --dist loadgroup` runs the three tiers in pytest-xdist workers grouped by
+# tests/tiers.py, faster, but its runs still contend for the shared package index, and load-bound tests fail there.)
 mkdir -p .state/junit
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+.venv/bin/python -m pytest --durations=15 -m "services and not alone" --junitxml=.state/junit/services.xml "$@" \
+  >"$log" 2>&1 &
+services=$!
 rc=0
 prebuild
-.venv/bin/python -m pytest -n 3 --dist loadgroup --durations=25 -m "not unit and not alone" \
-  --junitxml=.state/junit/side-by-side.xml "$@" || rc=1
+.venv/bin/python -m pytest --durations=15 -m "(docker or e2e) and not alone" --junitxml=.state/junit/docker-e2e.xml \
+  "$@" || rc=1
+wait "$services" || rc=1
+echo "::: the services tier, beside the docker and e2e tiers" >&2
+cat "$log"
 .venv/bin/python -m pytest --durations=5 -m "alone and not unit" --junitxml=.state/junit/alone.xml "$@" || rc=1
 exit "$rc"

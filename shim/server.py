@@ -115,6 +115,7 @@ class Shim:
         self.price = self._load_price()
         self.ledger = Ledger(cfg.ledger_path, cfg.ref, cfg.results_queue_url, cfg.batch_size, cfg.batch_interval_s)
         self.calls = self.turns = self.in_flight = self.retries = 0
+        self._failing: set[int] = set()  # calls being retried after an upstream failure (429, 5xx, unreachable)
         self.stopped: str | None = None
         self.cache_share = 0.0  # cache-read share of the last metered prompt (Anthropic's ITPM estimate)
         self.last_call_at: float | None = None
@@ -221,6 +222,7 @@ class Shim:
         return {"calls": self.calls, "ledger_rows": self.ledger.rows, "ledger_sent": self.ledger.sent,
                 "stopped": self.stopped, "totals": self.ledger.totals.model_dump(), "turns": self.turns,
                 "retries": self.retries, "in_flight": self.in_flight, "held_s": round(self._held_s(), 3),
+                "failing": len(self._failing),
                 # rows the results queue did not accept (yet): at exit, the task sends them with its result
                 "unsent_seqs": list(self.ledger.pending_seqs)}
 
@@ -497,11 +499,20 @@ class Shim:
 
     async def _forward(self, request: web.BaseRequest, call: Call, payload: bytes,
                        pace: PaceRequest) -> web.StreamResponse:
+        try:
+            return await self._forward_retrying(request, call, payload, pace)
+        finally:
+            self._failing.discard(id(call))
+
+    async def _forward_retrying(self, request: web.BaseRequest, call: Call, payload: bytes,
+                                pace: PaceRequest) -> web.StreamResponse:
         url = self.upstream + UPSTREAM_PATHS[call.kind]
         headers = self._upstream_headers(request.headers, call.kind)
         last: Failure | None = None
         attempt = 0
         while True:
+            if last is not None:  # the task's wall-time guard reads it: time spent so is the provider's, not the model's
+                self._failing.add(id(call))
             if last is not None and last.status != 429 and self.breaker is not None:  # a 429 is the pacer's
                 await self._breaker_failed()
             held = await self._hold(call)

@@ -185,3 +185,28 @@ def test_cut_stream_is_metered_as_estimated(sim, shim, unique, route):
     else:
         assert truth_prompt <= prompt <= truth_prompt * 3  # estimated from the request size, every attempt
     assert row["cost_usd"] > 0
+
+
+def test_a_call_being_retried_shows_as_failing_in_the_status(shim):
+    """While a call waits out a refusal the shim's status counts it as failing (the task's wall-time guard reads it:
+    an attempt whose time ran out there lands infra_error/rate_limited, harness/task.py); once answered, it does not."""
+    import threading
+
+    limited = {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}
+    script = [(429, {"retry-after": "2"}, limited),
+              (200, SSE, anthropic_stream("hello", input_tokens=5, output_tokens=1))]
+    with running_stub(script) as (url, seen):
+        s = shim(url, max_retry_after_s=60)
+        assert s.status()["failing"] == 0
+        answer = {}
+        t = threading.Thread(target=lambda: answer.setdefault("r", httpx.post(
+            f"{s.base}/v1/messages", headers={"x-api-key": LOCAL_TOKEN}, json={**BODY, "stream": True}, timeout=30)))
+        t.start()
+        deadline = time.monotonic() + 1.5
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        assert s.status()["failing"] == 1  # in its retry's wait
+        t.join(30)
+    assert answer["r"].status_code == 200 and len(seen) == 2
+    assert s.status()["failing"] == 0
