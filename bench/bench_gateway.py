@@ -203,14 +203,8 @@ def main() -> int:
             if "latency" in args.only:
                 latency(database_url, args.valkey, per_replica or GatewaySpec().replica_calls_per_s, args.quick, run)
     finally:
-        r = redis.Redis.from_url(args.valkey)
-        found = list(r.scan_iter(match=f"*{run}*", count=1000))
-        if found:
-            r.delete(*found)
-        r.close()
-    missed = [n for n, _, ok in bs.RESULTS if not ok]
-    print(f"summary: {len(bs.RESULTS) - len(missed)} PASS, {len(missed)} MISS"
-          + (f" ({'; '.join(missed)})" if missed else ""))
+        bs.forget_run(args.valkey, run)
+    bs.summary()
     return 0
 
 

@@ -374,14 +374,23 @@ def main() -> int:
                 verdict("shim exec to ready (median of 3)", f"{statistics.median(readies) * 1000:.0f} ms "
                         f"(litellm {litellm_ready * 1000:.0f} ms)", statistics.median(readies) <= 1.5)
     finally:
-        r = redis.Redis.from_url(args.valkey)
-        found = list(r.scan_iter(match=f"*{run}*", count=1000))
-        if found:
-            r.delete(*found)
-        r.close()
+        forget_run(args.valkey, run)
+    summary()
+    return 0
+
+
+def forget_run(valkey_url: str, run: str) -> None:
+    """Delete the Valkey keys the bench's run left (its pool's limits, budgets, progress)."""
+    r = redis.Redis.from_url(valkey_url)
+    found = list(r.scan_iter(match=f"*{run}*", count=1000))
+    if found:
+        r.delete(*found)
+    r.close()
+
+
+def summary() -> None:
     missed = [n for n, _, ok in RESULTS if not ok]
     print(f"summary: {len(RESULTS) - len(missed)} PASS, {len(missed)} MISS" + (f" ({'; '.join(missed)})" if missed else ""))
-    return 0
 
 
 if __name__ == "__main__":
