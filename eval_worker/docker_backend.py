@@ -23,6 +23,7 @@ installs packages while the index is down lands infra_error (package_index_unava
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -148,6 +149,15 @@ class SealedDocker:
 INDEX_DOWN = "package_index_unavailable"
 
 
+def grading_network(package_index: str | None) -> str:
+    """The grading network for gradings that reach `package_index` (None: nothing): one per index, since its egress
+    relays to that index alone and is replaced when asked for other routes, so that gradings with another index, or
+    none, never take away the egress of one running."""
+    if not package_index:
+        return f"{GRADING_NETWORK}-offline"
+    return f"{GRADING_NETWORK}-{hashlib.sha1(package_index.encode()).hexdigest()[:8]}"
+
+
 def _up(egress: Egress) -> Egress:
     """The grading network and its egress (shared by every worker on the host: one that lost a race to create
     them finds the winner's)."""
@@ -218,12 +228,13 @@ class DockerGrader(Grader):
     uses_package_index = True
 
     def __init__(self, client: docker.DockerClient | None = None, resolver: ImageResolver | None = None,
-                 package_index: str | None = None, network: str = GRADING_NETWORK, egress_image: str | None = None):
-        """package_index: the simple-API URL of the index gradings may reach (None: they reach nothing)."""
+                 package_index: str | None = None, network: str | None = None, egress_image: str | None = None):
+        """package_index: the simple-API URL of the index gradings may reach (None: they reach nothing). network:
+        default grading_network(package_index)."""
         self._client = client
         self.resolver = resolver or ImageResolver()
         self.package_index = package_index
-        self.network = network
+        self.network = network or grading_network(package_index)
         self.egress_image = egress_image or os.environ.get(EGRESS_IMAGE_ENV) or EGRESS_IMAGE
         self._sealed: SealedDocker | None = None
 

@@ -94,3 +94,17 @@ def test_an_unknown_grader_is_refused_naming_the_choices(tmp_path):
         resolve_grader(f"{__name__}:NotAGrader")
     with pytest.raises(UnknownName, match="cannot be loaded"):
         resolve_grader(f"{__name__}:Missing")
+
+
+def test_each_package_index_has_a_grading_network_of_its_own():
+    """The grading network's egress relays to one index and is replaced when asked for other routes: gradings with
+    another index, or none (a worker without one), go on networks of their own, never taking a running grading's."""
+    from eval_worker.docker_backend import GRADING_NETWORK, grading_network
+
+    a, b = "http://172.17.0.1:4597/index/", "http://172.17.0.1:4598/index/"
+    names = {grading_network(a), grading_network(b), grading_network(None)}
+    assert len(names) == 3 and all(n.startswith(GRADING_NETWORK + "-") for n in names)
+    assert grading_network(a) == grading_network(a)  # the same index: one network, shared by the host's workers
+    assert DockerGrader(client=object(), package_index=a).network == grading_network(a)
+    assert DockerGrader(client=object()).network == grading_network(None) == f"{GRADING_NETWORK}-offline"
+    assert DockerGrader(client=object(), package_index=a, network="mine").network == "mine"
