@@ -196,8 +196,12 @@ def drive(section: Section, runs: list[BenchRun], provider: Provider, schedule: 
             last_print = now
         time.sleep(0.25)
     section.end = max(r.done_at or now for r in runs)
-    for r in runs:
+    for r in runs:  # a task reports after its result landed, which may have ended the run: wait for every report
+        deadline = time.monotonic() + 30
         r.launcher.drain()
+        while len(r.launcher.tasks) < r.launcher.launched and time.monotonic() < deadline:
+            time.sleep(0.1)
+            r.launcher.drain()
         section.tasks += r.launcher.tasks
 
 
