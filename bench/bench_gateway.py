@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import tempfile
@@ -41,6 +40,7 @@ from contract import db
 from dispatcher.driver.fleet import GATEWAY_UTILISATION, gateway_replicas
 from dispatcher.spec import GatewaySpec
 from gateway import aliases, keyfile, keys, tier
+from plumbing.services import recorded_pid
 from simulator import SimulatorConfig
 from simulator.testing import simulator_process
 
@@ -92,7 +92,7 @@ def gateway_tier(database_url: str, valkey_url: str, replicas: int, upstreams: d
                                                                            key_name="bench-sim")])
                 keys.mint(conn, valkey, key, keys.KeyRecord(owner=owner, aliases=list(names.values()),
                                                             budget_usd=None, expires_at=keys.expiry(3600)))
-            pids = [json.loads((state / "gateway" / f"{n}.pid").read_text())["pid"] for n in info.replicas]
+            pids = [recorded_pid(state / "gateway" / f"{n}.pid") for n in info.replicas]
             yield info, key, names, pids
             with psycopg.connect(database_url, autocommit=True) as conn:
                 keys.revoke(conn, valkey, owner)  # its Valkey entries go with it

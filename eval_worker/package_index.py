@@ -73,8 +73,12 @@ def _folder(url: str) -> str:
 
 def available(url: str, timeout: float = 30.0) -> bool:
     """The index answers for a project (the proxy is up and its upstream or its cache can serve)."""
+    return _answers_200(urllib.request.Request(url.rstrip("/") + f"/{PROBE_PROJECT}/", headers={"Accept": "text/html"}),
+                        timeout)
+
+
+def _answers_200(req: urllib.request.Request | str, timeout: float) -> bool:
     try:
-        req = urllib.request.Request(url.rstrip("/") + f"/{PROBE_PROJECT}/", headers={"Accept": "text/html"})
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status == 200
     except (OSError, ValueError, urllib.error.URLError):
@@ -87,11 +91,7 @@ def url_for(host: str, port: int) -> str:
 
 def healthy(url: str, timeout: float = 10.0) -> bool:
     """The index at `url` (url_for's) is this project's, and its cache folder is in place."""
-    try:
-        with urllib.request.urlopen(url.rstrip("/").removesuffix("/index") + HEALTH_PATH, timeout=timeout) as r:
-            return r.status == 200
-    except (OSError, ValueError, urllib.error.URLError):
-        return False
+    return _answers_200(url.rstrip("/").removesuffix("/index") + HEALTH_PATH, timeout)
 
 
 def simple_api_only(app, cache_dir: str | None = None):
