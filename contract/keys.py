@@ -18,6 +18,11 @@ def progress(ref: AttemptRef) -> str:
     return f"ep:run:{{{ref.run}}}:progress:{ref.instance_id}:{ref.attempt}"
 
 
+# A field of the progress hash, set by the driver just before it stops the task itself (value: why, e.g. "cancel").
+# A task stopped without it (Spot taking its capacity back, an operator's StopTask) sends no result of its own.
+PROGRESS_STOPPED_BY = "stopped_by"
+
+
 def progress_pattern(run: str) -> str:
     return f"ep:run:{{{run}}}:progress:*"
 

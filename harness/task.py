@@ -26,6 +26,7 @@ from contract import aws, keys, signing, task_shape, valkey_auth
 from contract.models import (
     OOM_KILLED,
     PROVIDER_OUTAGE,
+    AttemptRef,
     AttemptResult,
     CallRecord,
     Envelope,
@@ -186,19 +187,23 @@ def send_result(queue_url: str, result: AttemptResult, tail: list[CallRecord], c
             log.exception("storing the result's S3 copy failed; sending the result all the same")
     bodies = [body]
     if len(body.encode()) > LEDGER_MESSAGE_BYTES:
-        bodies = []
-        i = 0
-        while i < len(tail):
-            n = len(tail) - i
-            while True:  # as many rows as fit in one message
-                batch = Envelope(msg=LedgerBatch(ref=result.ref, rows=tail[i:i + n])).model_dump_json()
-                if len(batch.encode()) <= LEDGER_MESSAGE_BYTES or n == 1:
-                    break
-                n = max(1, n // 2)
-            bodies.append(batch)
-            i += n
-        bodies.append(Envelope(msg=result).model_dump_json())
+        bodies = [*ledger_bodies(result.ref, tail), Envelope(msg=result).model_dump_json()]
     aws.send_batch(queue_url, bodies, sign=sign)
+
+
+def ledger_bodies(ref: AttemptRef, rows: list[CallRecord]) -> list[str]:
+    """The rows as ledger batch messages, as many rows to a message as fit."""
+    bodies, i = [], 0
+    while i < len(rows):
+        n = len(rows) - i
+        while True:  # as many rows as fit in one message
+            batch = Envelope(msg=LedgerBatch(ref=ref, rows=rows[i:i + n])).model_dump_json()
+            if len(batch.encode()) <= LEDGER_MESSAGE_BYTES or n == 1:
+                break
+            n = max(1, n // 2)
+        bodies.append(batch)
+        i += n
+    return bodies
 
 
 def store_artifacts(prefix: str, workdir: Path, patch: str,
@@ -257,6 +262,24 @@ class Heartbeat:
         self.r.hset(self.key, mapping={"phase": "done", "outcome": outcome})
         self.r.expire(self.key, DONE_TTL_S)
 
+    def stopped_by(self) -> str | None:
+        """Why the dispatcher stopped this task (it says so before it does), None if it did not: then whoever sent
+        the SIGTERM (Spot taking the capacity back, an operator) did. Unreadable: taken as the dispatcher's stop."""
+        try:
+            why = self.r.hget(self.key, keys.PROGRESS_STOPPED_BY)
+        except Exception:  # Valkey unreachable: a stop that cannot be told apart lands as cancelled
+            log.warning("could not read who stopped this task; landing it as cancelled", exc_info=True)
+            return "unknown"
+        return why.decode() if why is not None else None
+
+    def abandon(self) -> None:
+        """No result will come from this task: the key says so (never "done") and goes with its TTL."""
+        self.stop_event.set()
+        try:
+            self.r.hset(self.key, "phase", "stopped")
+        except Exception:  # the key expires by itself
+            log.warning("could not mark the progress key stopped", exc_info=True)
+
 
 def run_harness(job: Job, adapter: HarnessAdapter, testbed: Path, workdir: Path, shim: Shim, agent_home: Path,
                 agent: sandbox.Agent | None, own_network: bool = False) -> tuple[HarnessOutcome, str | None]:
@@ -311,7 +334,8 @@ def run_harness(job: Job, adapter: HarnessAdapter, testbed: Path, workdir: Path,
 
 
 class Stopped(Exception):
-    """SIGTERM from outside (cancel, or the dispatcher's wall-time guard): land the attempt as cancelled."""
+    """SIGTERM: from the dispatcher (cancel, its wall-time guard: the attempt lands as cancelled), or from anyone else
+    (Spot, an operator: no result; the dispatcher lands it from why the task stopped)."""
 
 
 def _on_sigterm(signum, frame):
@@ -348,6 +372,7 @@ def main(argv: list[str]) -> int:
     agent, agent_home, testbed = None, None, Path(job.repo_source)
     started = utcnow()
     outcome, error, patch, shim_status, shim = HarnessOutcome.INFRA_ERROR, None, "", {}, None
+    stopped_outside = False  # a SIGTERM not from the dispatcher
     adapter: HarnessAdapter | None = None
     key = os.environ.pop(UPSTREAM_KEY_ENV, "")
     attempt_key = signing.key_from_env(signing.ATTEMPT_KEY_ENV)  # the shim, its child, signs its batches with it too
@@ -375,7 +400,9 @@ def main(argv: list[str]) -> int:
         log.error("setup failed: %s", e)
         error = f"setup failed: {e}"
     except Stopped:
-        outcome, error = HarnessOutcome.CANCELLED, "stopped by SIGTERM"
+        by = heartbeat.stopped_by()
+        stopped_outside = by is None
+        outcome, error = HarnessOutcome.CANCELLED, f"stopped by SIGTERM (the dispatcher's: {by})"
     except Exception as e:  # still land a row: the attempt failed on our side
         log.exception("task failed")
         error = f"{type(e).__name__}: {e}"
@@ -392,6 +419,16 @@ def main(argv: list[str]) -> int:
                                                     agent_home / "trajectory.json" if agent_home else None)
     if agent_home is not None and not in_image:
         sandbox.remove_agent_dir(agent_home)
+    if stopped_outside:  # the dispatcher learns why from its launcher (e.g. spot_interrupted) and lands the attempt
+        try:  # the rows the shim had not sent; its S3 ledger copy holds them too
+            if rows := unsent_rows(workdir / "ledger.jsonl", shim_status):
+                aws.send_batch(job.results_queue_url, ledger_bodies(ref, rows), sign=sign)
+        except Exception:  # the dispatcher lands the rows from the S3 ledger copy
+            log.exception("sending the unsent ledger rows failed")
+        heartbeat.abandon()
+        log.warning("stopped by SIGTERM from outside the dispatcher: its ledger is sent, the dispatcher lands %s",
+                    ref.slug)
+        return 128 + signal.SIGTERM
     if patch and patch_uri is None:  # a patch the grader cannot fetch: not gradable, an infrastructure failure
         outcome, patch = HarnessOutcome.INFRA_ERROR, ""
     if problems:

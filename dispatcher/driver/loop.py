@@ -466,7 +466,7 @@ class DriverLoop:
                 if t.exit_code is not None:
                     t.exited_at = now
                 elif t.stopped_at is None and now - t.started > wall + STOP_GRACE_S + self.held_total_s - t.held_at:
-                    self.launcher.stop(t.handle)  # the task's own wall-time guard failed
+                    self._stop(ref, t, "wall_time")  # the task's own wall-time guard failed
                     t.stopped_at = now
                 elif t.stopped_at is not None and now - t.stopped_at > bound:
                     t.exit_code, t.exited_at = -1, now  # stopped long ago and still not reported gone
@@ -631,7 +631,7 @@ class DriverLoop:
     def _results_sent(self, refs: list[AttemptRef]) -> list[bool]:
         """Whether each task marked its progress key done, which it does once its result is on the queue: then the
         row is coming, however far behind the writer is, and gets backend.result_wait_s to land. (The exit code is no
-        evidence: a task stopped from outside lands itself as cancelled and exits 0; one that never ran may too.)"""
+        evidence: a task the dispatcher stopped lands itself as cancelled and exits 0; one that never ran may too.)"""
         if not refs:
             return []
         with self.valkey.pipeline(transaction=False) as p:
@@ -647,11 +647,24 @@ class DriverLoop:
         active = sum(1 for t in self.running.values() if t.exit_code is None)
         self.target = self.planner.target(self.limits, obs, remaining, max(active, self.target))
 
+    def _stop(self, ref: AttemptRef, t: Running, why: str) -> None:
+        """Stop a task, first telling it the dispatcher does: it then lands itself as cancelled. (A task stopped by
+        anyone else sends no result: the launcher's exit reason, e.g. spot_interrupted, lands it.)"""
+        key = keys.progress(ref)
+        try:
+            with self.valkey.pipeline() as p:
+                p.hset(key, keys.PROGRESS_STOPPED_BY, why)
+                p.expire(key, keys.PROGRESS_TTL_S, nx=True)  # a task not beating yet leaves no key behind for long
+                p.execute()
+        except redis.RedisError:  # the task will land as stopped from outside (infra_error), not as cancelled
+            log.exception("could not tell %s that the dispatcher stops it", ref.slug)
+        self.launcher.stop(t.handle)
+
     def _cancel(self, landed: dict) -> None:
         """Stop running tasks (they land as cancelled) and land every attempt never launched as cancelled."""
         for ref, t in self.running.items():
             if t.exit_code is None and ref not in self.cancel_sent:
-                self.launcher.stop(t.handle)
+                self._stop(ref, t, "cancel")
                 self.cancel_sent.add(ref)
         never = [ref for ref in self.plan.refs if (ref.instance_id, ref.attempt) not in landed
                  and ref not in self.running and ref not in self.cancel_sent]

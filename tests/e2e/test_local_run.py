@@ -197,6 +197,57 @@ def test_cancel_stops_the_run_and_lands_every_attempt(tmp_path, env, database_ur
     assert dispatcher(env, "cancel", str(spec)).returncode == 1  # nothing running to cancel
 
 
+def task_pids(run: str) -> list[int]:
+    """The task runners (`python -m harness <job-uri>`) of a run on this machine: its name is in the job's URI."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"harness" in argv[1:3] and any(run.encode() in a for a in argv[3:]):
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_a_task_stopped_from_outside_is_landed_by_the_dispatcher_never_as_cancelled(tmp_path, env, database_url,
+                                                                                   unique):
+    """A SIGTERM the dispatcher did not send (Spot taking a task's capacity back, an operator's StopTask): the task
+    sends its unsent ledger rows and no result; the dispatcher lands the attempt from why the task ended (here the
+    process launcher knows none: task_died; on ECS, spot_interrupted, which is relaunched), never as cancelled."""
+    row = instances()[1]
+    (tmp_path / "one.jsonl").write_text(json.dumps(row) + "\n")
+    spec = write_spec(tmp_path, unique, gateway=False)
+    text = spec.read_text().replace(f'dataset = "{SYNTHETIC}/instances.jsonl"', f'dataset = "{tmp_path}/one.jsonl"')
+    # the provider down from its first call: the shim holds the task's calls, so the task is mid-harness when stopped
+    # (a pool of its own: the outage breaker is the pool's)
+    text = text.replace("[model]\n", f'[model]\npool = "{unique}"\n', 1)
+    spec.write_text(text + "outage_after_calls = 0\noutage_s = 600\noutage_status = 529\n")
+    proc = subprocess.Popen([sys.executable, "-m", "dispatcher", "run", str(spec), "--out", str(tmp_path / "out")],
+                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (pids := task_pids(unique)):
+            assert time.monotonic() < deadline and proc.poll() is None, "no task started"
+            time.sleep(0.5)
+        time.sleep(15)  # its first calls made and held (the breaker trips after 5 failures)
+        assert task_pids(unique) == pids
+        os.killpg(pids[0], signal.SIGTERM)  # the process launcher starts each task in a session of its own
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    with psycopg.connect(database_url) as conn:
+        got = conn.execute("SELECT outcome, status, error, calls FROM attempts WHERE run = %s", (unique,)).fetchall()
+        calls = conn.execute("SELECT count(*) FROM calls WHERE run = %s", (unique,)).fetchone()[0]
+    assert len(got) == 1 and got[0][:2] == ("infra_error", "INFRA_ERROR"), got
+    assert got[0][2].startswith("task_died: exited with code 143 without sending its result"), got
+    assert got[0][3] == calls > 0  # its calls, every one a row, from what it sent and its S3 ledger copy
+    report = json.loads((tmp_path / "out" / f"gpt-4o-mini.{unique}.json").read_text())
+    assert report["infra_failure_ids"] == [row["instance_id"]]
+
+
 def test_an_attempt_that_cannot_set_up_is_an_infrastructure_failure_not_an_empty_patch(tmp_path, env, database_url,
                                                                                       unique):
     """Its base commit is not in the repository's bundle, so the task fails before the agent can work: the row is
