@@ -2,7 +2,8 @@
 (contract/prices/compute.toml, each rate with its source and date; $EVALPLANE_COMPUTE_PRICE_FILE for another).
 
     task    = vCPUs x task wall hours x vCPU-hour + GB (its memory limit: the size the task is provisioned at)
-              x task wall hours x GB-hour            (Fargate bills a task's size, not its use, over its life)
+              x task wall hours x GB-hour            (Fargate bills a task's size, not its use, over its life),
+              at the rates of the capacity it ran on (on demand or Spot, as its row says; else the table's)
     grading = grading wall hours x the eval host's instance-hour / the gradings a host runs at once
 """
 
@@ -18,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 PRICE_FILE_ENV = "EVALPLANE_COMPUTE_PRICE_FILE"
+Capacity = Literal["on_demand", "spot"]
 BUNDLED = Path(__file__).with_name("prices") / "compute.toml"
 
 
@@ -33,15 +35,13 @@ class TaskRates(_Rates):
     on_demand_gb_hour: float = Field(ge=0)
     spot_vcpu_hour: float = Field(ge=0)
     spot_gb_hour: float = Field(ge=0)
-    capacity: Literal["on_demand", "spot"] = "on_demand"
+    capacity: Capacity = "on_demand"  # what prices a task whose row does not say (local tasks, older rows)
 
-    @property
-    def vcpu_hour(self) -> float:
-        return self.spot_vcpu_hour if self.capacity == "spot" else self.on_demand_vcpu_hour
-
-    @property
-    def gb_hour(self) -> float:
-        return self.spot_gb_hour if self.capacity == "spot" else self.on_demand_gb_hour
+    def rates(self, capacity: Capacity | None = None) -> tuple[float, float]:
+        """(vCPU-hour, GB-hour) on that capacity (default: the table's)."""
+        if (capacity or self.capacity) == "spot":
+            return self.spot_vcpu_hour, self.spot_gb_hour
+        return self.on_demand_vcpu_hour, self.on_demand_gb_hour
 
 
 class GradingRates(_Rates):
@@ -72,11 +72,12 @@ class ComputePrices(BaseModel):
     grading: GradingRates
     registry: RegistryRates
 
-    def task_usd(self, cpu: float | None, memory_limit_mib: float | None, wall_s: float | None) -> float | None:
+    def task_usd(self, cpu: float | None, memory_limit_mib: float | None, wall_s: float | None,
+                 capacity: Capacity | None = None) -> float | None:
         if cpu is None or memory_limit_mib is None or wall_s is None:
             return None
-        hours = wall_s / 3600
-        return cpu * hours * self.task.vcpu_hour + memory_limit_mib / 1024 * hours * self.task.gb_hour
+        hours, (vcpu_hour, gb_hour) = wall_s / 3600, self.task.rates(capacity)
+        return cpu * hours * vcpu_hour + memory_limit_mib / 1024 * hours * gb_hour
 
     def grading_usd(self, wall_s: float | None) -> float | None:
         if wall_s is None:
@@ -84,9 +85,10 @@ class ComputePrices(BaseModel):
         return wall_s / 3600 * self.grading.instance_hour / self.grading.gradings_per_instance
 
     def attempt(self, row: Mapping[str, Any]) -> ComputeCost:
-        """The compute cost of an attempt row (its task_cpu, task_memory_limit_mib, task_wall_s, grading_wall_s)."""
+        """The compute cost of an attempt row (its task_cpu, task_memory_limit_mib, task_wall_s, task_capacity,
+        grading_wall_s)."""
         return ComputeCost(task_usd=self.task_usd(row.get("task_cpu"), row.get("task_memory_limit_mib"),
-                                                  row.get("task_wall_s")),
+                                                  row.get("task_wall_s"), row.get("task_capacity")),
                            grading_usd=self.grading_usd(row.get("grading_wall_s")))
 
 

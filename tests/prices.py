@@ -11,11 +11,12 @@ TABLE = Path(__file__).resolve().parents[1] / "contract" / "prices" / "compute.t
 
 
 def priced(row: dict) -> Decimal:
-    """task_cpu x task wall hours x vCPU-hour + memory limit GB x task wall hours x GB-hour, plus the grading's
-    wall hours x the eval host's hour / the gradings it runs at once."""
+    """task_cpu x task wall hours x vCPU-hour + memory limit GB x task wall hours x GB-hour (the rates of the
+    capacity the row records, else the table's), plus the grading's wall hours x the eval host's hour / the gradings
+    it runs at once."""
     table = tomllib.loads(TABLE.read_text())
     task, grading = table["task"], table["grading"]
-    cap = task["capacity"]
+    cap = row.get("task_capacity") or task["capacity"]
     hours = row["task_wall_s"] / 3600
     usd = (row["task_cpu"] * hours * task[f"{cap}_vcpu_hour"]
            + row["task_memory_limit_mib"] / 1024 * hours * task[f"{cap}_gb_hour"])

@@ -16,7 +16,7 @@ import math
 import psycopg
 from pydantic import BaseModel
 
-from contract.compute_prices import ComputePrices
+from contract.compute_prices import Capacity, ComputePrices
 from contract.models import TaskResources
 from contract.pricing import Price
 
@@ -258,9 +258,8 @@ def predict_compute(n_attempts: int, obs: PoolObservation, resources: TaskResour
                     prices: ComputePrices, spot: float = 0.0) -> ComputePrediction:
     """What the attempts' compute will cost: the same price table the report prices recorded figures with; `spot`
     of the tasks at its Spot rates (Fargate Spot's discount), the rest at its on-demand rates."""
-    def task_at(capacity: str) -> float:
-        at = prices.model_copy(update={"task": prices.task.model_copy(update={"capacity": capacity})})
-        return at.task_usd(resources.cpu, resources.memory_limit_mib, obs.attempt_minutes * 60) or 0.0
+    def task_at(capacity: Capacity) -> float:
+        return prices.task_usd(resources.cpu, resources.memory_limit_mib, obs.attempt_minutes * 60, capacity) or 0.0
 
     on_demand, spot_task = task_at("on_demand"), task_at("spot")
     grading = prices.grading_usd(obs.grading_minutes * 60) or 0.0

@@ -460,6 +460,7 @@ class DriverLoop:
         wall, bound = self.plan.spec.budget.wall_time_s, self.plan.spec.backend.result_wait_s
         due: list[AttemptRef] = []
         gone: list[tuple[AttemptRef, Running]] = []  # just seen gone without a row: is their result said to be sent?
+        placed: list[tuple] = []  # the capacity each ended task ran on, for its landed row (priced by it)
         for ref, t in list(self.running.items()):
             if t.exit_code is None:
                 t.exit_code = self.launcher.poll(t.handle)
@@ -473,6 +474,8 @@ class DriverLoop:
             if (ref.instance_id, ref.attempt) in landed:
                 if t.exit_code is not None:
                     del self.running[ref]
+                    if t.handle.capacity:
+                        placed.append((t.handle.capacity, ref.run, ref.instance_id, ref.attempt))
                 continue
             if t.exit_code is None:
                 continue
@@ -480,6 +483,11 @@ class DriverLoop:
                 gone.append((ref, t))
             elif now >= t.resolve_at:
                 due.append(ref)
+        if placed:
+            with self.conn.cursor() as cur:
+                cur.executemany("UPDATE attempts SET task_capacity = %s"
+                                " WHERE run = %s AND instance_id = %s AND attempt = %s", placed)
+            self.conn.commit()
         for (ref, t), sent in zip(gone, self._results_sent([r for r, _ in gone])):
             t.result_sent = sent
             t.resolve_at = t.exited_at + (bound if sent else REAP_GRACE_S)

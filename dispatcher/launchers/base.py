@@ -34,6 +34,7 @@ def no_attempt_env(ref: AttemptRef) -> dict[str, str]:
 class TaskHandle:
     ref: AttemptRef
     task_id: str  # pid, container id or ECS task ARN
+    capacity: str | None = None  # on_demand or spot, once placed, where the launcher's platform prices them apart
 
 
 @dataclass

@@ -149,6 +149,18 @@ def spot_strategy(share: float) -> tuple[tuple[str, int], ...]:
 
 
 SPOT_STOP_CODE, SPOT_STOP_REASON = "SpotInterruption", "Your Spot Task was interrupted"  # what ECS records
+CAPACITY_OF = {"FARGATE_SPOT": "spot", "FARGATE": "on_demand"}  # capacity provider -> the price table's capacity
+
+
+def placed_on(task: dict, target: EcsTarget) -> str | None:
+    """The capacity a placed task runs on: its capacityProviderName, else what its target allows (one provider, or
+    a launch type), else None (unknown: the price table's default prices it)."""
+    name = task.get("capacityProviderName")
+    if not name and len(target.capacity) == 1:
+        name = target.capacity[0][0]
+    if not name and not target.capacity:
+        name = task.get("launchType") or target.launch_type
+    return CAPACITY_OF.get(name or "")
 
 
 def stop_reason(task: dict, container: str) -> str | None:
@@ -314,6 +326,7 @@ class EcsLauncher(Launcher):
         with self._lock:
             if tasks:
                 p.handle.task_id = tasks[0]["taskArn"]
+                p.handle.capacity = placed_on(tasks[0], self.harness)
                 self._live.add(p.handle.task_id)
                 self._pending.pop(ref, None)
                 return True

@@ -49,6 +49,7 @@ class AttemptFigures(BaseModel):
     task_cpu_s: float | None = None
     task_memory_peak_bytes: int | None = None
     task_wall_s: float | None = None
+    task_capacity: str | None = None  # on_demand or spot, where the launcher saw it (ECS)
     grading_wall_s: float | None = None
     grading_cpu_s: float | None = None
     compute_usd: Decimal = Decimal(0)  # the recorded figures x the compute price table (contract.compute_prices)
@@ -59,7 +60,7 @@ class AttemptFigures(BaseModel):
 
 
 ATTEMPT_COMPUTE = ("task_cpu", "task_memory_mib", "task_memory_limit_mib", "task_cpu_s", "task_memory_peak_bytes",
-                   "task_wall_s", "grading_wall_s", "grading_cpu_s")
+                   "task_wall_s", "task_capacity", "grading_wall_s", "grading_cpu_s")
 
 
 def usd_of(value: float | None) -> Decimal:
@@ -113,7 +114,9 @@ class CostFigures(CostLine):
 def cost_figures(tokens: Decimal, compute: Decimal, attempts: int, instances: int, resolved: int) -> CostFigures:
     """Tokens, compute and their total, per attempt, instance and resolved instance (the report, the results table)."""
     p = compute_prices.load()
-    basis = (f"tasks: Fargate {p.task.capacity} ${p.task.vcpu_hour}/vCPU-h, ${p.task.gb_hour}/GB-h ({p.task.date});"
+    (od_vcpu, od_gb), (spot_vcpu, spot_gb) = p.task.rates("on_demand"), p.task.rates("spot")
+    basis = (f"tasks: Fargate ${od_vcpu}/vCPU-h, ${od_gb}/GB-h, Spot ${spot_vcpu}/vCPU-h, ${spot_gb}/GB-h"
+             f" (unrecorded capacity: {p.task.capacity}; {p.task.date});"
              f" grading: {p.grading.instance_type} ${p.grading.instance_hour}/h shared by {p.grading.gradings_per_instance}"
              f" gradings ({p.grading.date}); {compute_prices.price_file().name}")
     return CostFigures(**CostLine.of(tokens, attempts, instances, resolved).model_dump(),

@@ -247,14 +247,28 @@ def test_a_spot_share_reaches_run_task_as_the_capacity_provider_strategy(estate,
     from dispatcher.launchers.ecs import spot_strategy
 
     assert spot_strategy(0) == () and spot_strategy(1) == (("FARGATE_SPOT", 100),)
+    seen = {}
     for share, strategy in ((0.0, None), (0.7, [{"capacityProvider": "FARGATE_SPOT", "weight": 70},
-                                                {"capacityProvider": "FARGATE", "weight": 30}])):
+                                                {"capacityProvider": "FARGATE", "weight": 30}]),
+                            (1.0, [{"capacityProvider": "FARGATE_SPOT", "weight": 100}])):
         launcher, rec = make_launcher(estate, database_url, spot=share)
-        launcher.launch(AttemptRef(run=unique, instance_id=f"i{share}", attempt=1), "s3://b/j.json",
-                        task_image(f"{unique}-{share}"))
+        handle = launcher.launch(AttemptRef(run=unique, instance_id=f"i{share}", attempt=1), "s3://b/j.json",
+                                 task_image(f"{unique}-{share}"))
         [params] = rec.params("RunTask")
         assert params.get("capacityProviderStrategy") == strategy
         assert params.get("launchType") == (None if strategy else "FARGATE")  # RunTask takes one of the two
+        seen[share] = handle.capacity
+    # the capacity each task was placed on (RunTask's capacityProviderName), which prices it
+    assert (seen[0.0], seen[1.0]) == ("on_demand", "spot") and seen[0.7] in ("on_demand", "spot")
+
+
+def test_a_placed_task_is_priced_on_the_capacity_ecs_names():
+    from dispatcher.launchers.ecs import EcsTarget, placed_on
+
+    mixed = EcsTarget("c", "td", "task", capacity=(("FARGATE_SPOT", 70), ("FARGATE", 30)))
+    assert placed_on({"capacityProviderName": "FARGATE_SPOT"}, mixed) == "spot"
+    assert placed_on({"capacityProviderName": "FARGATE"}, mixed) == "on_demand"
+    assert placed_on({}, mixed) is None and placed_on({}, EcsTarget("c", "td", "task")) == "on_demand"
 
 
 def test_fargate_sizes_are_checked_naming_the_field():

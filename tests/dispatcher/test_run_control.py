@@ -291,14 +291,17 @@ def test_a_spot_interrupted_attempt_lands_infra_error_with_its_partial_ledger_an
         rows = ledger(ref, 2)  # the calls it made before the interruption, in its S3 ledger copy
         aws.put_text(aws.ledger_copy_uri(res.artifacts_prefix(ref)), "".join(r.model_dump_json() + "\n" for r in rows),
                      sign=run_keys.attempt_signer(ref))
-        loop.running[ref] = runmod.Running(handle=TaskHandle(ref=ref, task_id=ref.slug), started=at)
+        loop.running[ref] = runmod.Running(handle=TaskHandle(ref=ref, task_id=ref.slug, capacity="spot"), started=at)
         loop._reap(loop.landed, now=at)  # its exit seen
         loop._reap(loop.landed, now=at + runmod.REAP_GRACE_S + 0.1)  # gone without a result: landed by the driver
+        loop._reap(loop.landed, now=at + runmod.REAP_GRACE_S + 0.2)  # landed and gone: followed no more
+        assert ref not in loop.running
 
     first = AttemptRef(run=run, instance_id="evalplane__calc-1", attempt=1)
     interrupted(first, 100.0)
-    row = pg.execute("SELECT status, error, calls FROM attempts WHERE run = %s", (run,)).fetchone()
+    row = pg.execute("SELECT status, error, calls, task_capacity FROM attempts WHERE run = %s", (run,)).fetchone()
     assert row[0] == "INFRA_ERROR" and row[1].startswith("spot_interrupted: ") and row[2] == 2
+    assert row[3] == "spot"  # the capacity its task ran on, which prices it
     assert store.retried(pg, run) == [("evalplane__calc-1", 2)]
     loop._control(200.0)  # the next pass takes it on
     assert plan.refs[-1] == AttemptRef(run=run, instance_id="evalplane__calc-1", attempt=2)

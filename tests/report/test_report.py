@@ -163,6 +163,7 @@ def record_compute(conn: psycopg.Connection, run: str, task_cpu: float) -> None:
         """UPDATE attempts SET task_cpu = %s, task_memory_mib = 2048, task_memory_limit_mib = 4096,
                   task_cpu_s = 30 + attempt, task_memory_peak_bytes = (500 + attempt) * 1048576,
                   task_wall_s = 80 + 7 * attempt + length(instance_id), usage_source = 'cgroup',
+                  task_capacity = CASE WHEN attempt = 2 THEN 'spot' END,
                   grading_wall_s = CASE WHEN status IN ('RESOLVED', 'UNRESOLVED') THEN 10 + attempt END,
                   grading_cpu_s = CASE WHEN status IN ('RESOLVED', 'UNRESOLVED') THEN 4 END
            WHERE run = %s""", (task_cpu, run))
@@ -176,10 +177,12 @@ def test_compute_cost_is_the_recorded_figures_times_the_price_table_beside_the_t
     p = report(env, unique, "--out", str(tmp_path / "out"))
     assert p.returncode == 0, p.stderr
     (fig,) = json.loads((tmp_path / "out" / "report" / "summary.json").read_text())["runs"]
-    cur = pg.execute("SELECT instance_id, attempt, task_cpu, task_memory_limit_mib, task_wall_s, grading_wall_s"
-                     " FROM attempts WHERE run = %s", (unique,))
+    cur = pg.execute("SELECT instance_id, attempt, task_cpu, task_memory_limit_mib, task_wall_s, task_capacity,"
+                     " grading_wall_s FROM attempts WHERE run = %s", (unique,))
     rows = [dict(zip([d.name for d in cur.description], r)) for r in cur.fetchall()]
     want = {(r["instance_id"], r["attempt"]): priced(r) for r in rows}
+    spot = [r for r in rows if r["task_capacity"] == "spot"]  # priced at Spot's rates, the rest at on-demand
+    assert spot and all(priced(r) < priced(r | {"task_capacity": "on_demand"}) for r in spot)
     got = {(a["instance_id"], a["attempt"]): Decimal(a["compute_usd"]) for a in fig["attempts"]}
     assert got == want and all(v > 0 for v in got.values())
     compute = sum(want.values())
