@@ -134,14 +134,15 @@ def resize(conn: psycopg.Connection, run: str, concurrency: int) -> bool:
     return cur.rowcount > 0
 
 
-def act(conn: psycopg.Connection, run: str, action: str, concurrency: int | None = None, valkey=None) -> bool:
+def act(conn: psycopg.Connection, run: str, action: str, concurrency: int | None = None, valkey=None,
+        hold_calls: bool = False) -> bool:
     """One control action by name (the dashboard's requests); False if no run of that name is running. `valkey`:
-    as set_paused needs it (a resume lifts a call hold)."""
+    as set_paused needs it (a pause with hold_calls sets a call hold, a resume lifts one)."""
     if action == "resize":
         return resize(conn, run, concurrency)
     if action == "cancel":
         return cancel(conn, run)
-    return set_paused(conn, run, action == "pause", valkey=valkey)
+    return set_paused(conn, run, action == "pause", hold_calls=hold_calls, valkey=valkey)
 
 
 def spent_usd(conn: psycopg.Connection, run: str) -> float:

@@ -6,7 +6,8 @@
   GET /events[/<run>]    server-sent events: the same JSON, sent when it changes (a comment every 15 s keeps the
                          connection open through proxies)
   GET /api/control       whether this dashboard takes control requests at all (it does only with a token)
-  POST /api/runs/<run>/control   {"action": "pause" | "resume" | "resize" | "cancel", "concurrency": N}, with
+  POST /api/runs/<run>/control   {"action": "pause" | "resume" | "resize" | "cancel", "concurrency": N,
+                         "hold_calls": true (a pause that holds the shims' new model calls too)}, with
                          `Authorization: Bearer <token>`: the run's control state in PostgreSQL (dispatcher.store)
 
 Without a token the dashboard is read-only: every control request is refused. The token is the dashboard's own
@@ -108,8 +109,12 @@ async def _control(request: web.Request) -> web.Response:
         body = await request.json()
         action = body["action"]
         concurrency = int(body["concurrency"]) if action == "resize" else None
-    except (ValueError, KeyError, TypeError):
-        raise _error(web.HTTPBadRequest, 'expected {"action": ..., "concurrency": N for resize}') from None
+        hold_calls = body.get("hold_calls", False)
+        if not isinstance(hold_calls, bool):
+            raise TypeError
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise _error(web.HTTPBadRequest, 'expected {"action": ..., "concurrency": N for resize, "hold_calls": true'
+                                         ' or false for pause}') from None
     if action not in ACTIONS or (concurrency is not None and concurrency < 1):
         raise _error(web.HTTPBadRequest, f"action is one of {', '.join(ACTIONS)}; concurrency at least 1")
     run = request.match_info["run"]
@@ -119,7 +124,7 @@ async def _control(request: web.Request) -> web.Response:
 
     def act() -> bool:
         with store.connect() as conn, (redis.Redis.from_url(url) if url else contextlib.nullcontext()) as valkey:
-            return store.act(conn, run, action, concurrency, valkey)
+            return store.act(conn, run, action, concurrency, valkey, hold_calls=action == "pause" and hold_calls)
 
     if not await asyncio.to_thread(act):
         raise _error(web.HTTPConflict, f"no running run named {run!r}")

@@ -1,7 +1,7 @@
 """The dashboard's controls in headless Chromium: a dashboard started without a token is read-only (no button works,
 and a request made anyway is refused); one started with a token acts only on requests that bear it: pause and
-resume from the page change the run's control state in PostgreSQL (a resume lifts a `pause --hold-calls` hold in
-Valkey too)."""
+resume from the page change the run's control state in PostgreSQL (a pause that holds calls sets the shims' hold
+in Valkey, and the resume lifts it)."""
 
 from __future__ import annotations
 
@@ -40,6 +40,12 @@ def paused(pg, run: str) -> bool:
     return got
 
 
+def calls_held(pg, run: str) -> bool:
+    got = store.control(pg, run).hold_calls
+    pg.commit()
+    return got
+
+
 def open_page(browser, url: str, run: str) -> None:
     browser.get(f"{url}?run={run}")
     WebDriverWait(browser, 20).until(lambda b: b.find_element(By.ID, "state").text == "running")
@@ -55,7 +61,7 @@ def test_without_a_token_the_dashboard_is_read_only(browser, valkey_url, live_ru
     open_page(browser, url, live_run)
     WebDriverWait(browser, 20).until(lambda b: "read-only" in b.find_element(By.ID, "control-msg").text)
     assert browser.find_element(By.ID, "token").get_attribute("disabled") is not None
-    assert all(not button(browser, b).is_enabled() for b in ("pause", "resume", "resize", "cancel"))
+    assert all(not button(browser, b).is_enabled() for b in ("pause", "hold-calls", "resume", "resize", "cancel"))
     assert browser.execute_async_script(POST_JS, live_run, "anything") == 403  # asked anyway: refused
     assert not paused(pg, live_run)
 
@@ -78,9 +84,11 @@ def test_with_its_token_pause_and_resume_act_and_without_it_nothing_does(browser
     token.send_keys(TOKEN)
     button(browser, "pause").click()
     WebDriverWait(browser, 20).until(lambda b: b.find_element(By.ID, "control-msg").text == "pause: done")
-    assert paused(pg, live_run)
-    assert store.set_paused(pg, live_run, True, hold_calls=True, valkey=valkey)  # `pause --hold-calls` meanwhile
-    pg.commit()
+    assert paused(pg, live_run) and not valkey.exists(keys.run_hold(live_run))  # launches paused, calls not held
+    button(browser, "hold-calls").click()  # pause again, holding the shims' new calls too (`pause --hold-calls`)
+    button(browser, "pause").click()
+    WebDriverWait(browser, 20).until(lambda b: calls_held(pg, live_run))
+    assert paused(pg, live_run) and valkey.exists(keys.run_hold(live_run))  # the shims' key, set with the row
     button(browser, "resume").click()
     WebDriverWait(browser, 20).until(lambda b: b.find_element(By.ID, "control-msg").text == "resume: done")
     assert not paused(pg, live_run)
