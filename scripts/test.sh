@@ -4,9 +4,12 @@
 #   scripts/test.sh --fast [pytest args]  the unit tier only, with no service started, in a network namespace of its
 #                                         own: nothing of the host answers there, which proves the tier needs none;
 #                                         one pytest worker per core (pytest-xdist), as nothing in it is shared
+#   scripts/test.sh --workers N [pytest args]
+#                                         every tier but unit (CI): the services, docker and e2e tiers in one session
+#                                         of N pytest-xdist workers, then the tests marked `alone`, with nothing beside
 #   scripts/test.sh --side-by-side [pytest args]
-#                                         every tier but unit (CI): the services tier in a session of its own beside
-#                                         the docker and e2e tiers, then the tests marked `alone`, with nothing beside
+#                                         every tier but unit: the services tier in a session of its own beside the
+#                                         docker and e2e tiers, then the tests marked `alone`
 # Other arguments go to pytest (e.g. scripts/test.sh -q -m services).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +17,7 @@ mode=all
 case "${1:-}" in
   --fast) mode=fast; shift ;;
   --side-by-side) mode=side; shift ;;
+  --workers) mode=workers; workers=${2:?--workers takes a number}; shift 2 ;;
 esac
 scripts/bootstrap.sh
 
@@ -56,12 +60,24 @@ if [ "$mode" = all ]; then
   prebuild
   exec .venv/bin/python -m pytest --durations=15 "$@"
 fi
+mkdir -p .state/junit  # every test's time, per session
+alone() {
+  .venv/bin/python -m pytest --durations=5 -m "alone and not unit" --junitxml=.state/junit/alone.xml "$@"
+}
+if [ "$mode" = workers ]; then
+  # The services tier waits on round trips, the docker and e2e tiers on containers and runs, so N workers share the
+  # cores. Each worker has its own database, moto, task network and loopback port to Valkey (tests/conftest.py); a
+  # group's tests (a file, a folder sharing runs, a harness) stay on one worker, heaviest first (tests/tiers.py).
+  rc=0
+  prebuild
+  .venv/bin/python -m pytest -n "$workers" --dist loadgroup --durations=25 -m "not unit and not alone" \
+    --junitxml=.state/junit/workers.xml "$@" || rc=1
+  alone "$@" || rc=1
+  exit "$rc"
+fi
 # The services tier in a session of its own beside the docker and e2e tiers (one waits on round trips to PostgreSQL
 # and Valkey, the other on containers and runs); each session has its own database (tests/conftest.py), and the
-# services session's output is printed when it ends. Then the tests marked `alone`, with nothing beside. Every test's
-# time goes to .state/junit/. (`-n 3 --dist loadgroup` runs the three tiers in pytest-xdist workers grouped by
-# tests/tiers.py, faster, but its runs still contend for the shared package index, and load-bound tests fail there.)
-mkdir -p .state/junit
+# services session's output is printed when it ends. Then the tests marked `alone`, with nothing beside.
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 .venv/bin/python -m pytest --durations=15 -m "services and not alone" --junitxml=.state/junit/services.xml "$@" \
@@ -74,5 +90,5 @@ prebuild
 wait "$services" || rc=1
 echo "::: the services tier, beside the docker and e2e tiers" >&2
 cat "$log"
-.venv/bin/python -m pytest --durations=5 -m "alone and not unit" --junitxml=.state/junit/alone.xml "$@" || rc=1
+alone "$@" || rc=1
 exit "$rc"

@@ -42,7 +42,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ByGroup(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return tiers.group_of(nodeid.split("::", 1)[0].removeprefix("tests/"))
+            return tiers.group_of(nodeid.removeprefix("tests/"))
 
     return ByGroup(config, log)
 

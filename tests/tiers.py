@@ -23,6 +23,7 @@ fixture names (a pip download, a moto server it starts itself), or a test its ow
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -81,20 +82,27 @@ def tier_of(item: pytest.Item, relpath: str) -> str:
     return max(needs, key=_RANK.__getitem__)
 
 
-# Folders whose files share session-scoped runs (tests/harnesses: one run per harness; tests/security: the red-team
-# and honest runs): one group of tests each for pytest-xdist (tests/conftest.py's scheduler), so that one worker
-# makes each run once.
-SHARED_RUNS = ("harnesses", "security")
-# The heaviest groups, scheduled first so that no long group starts last (scripts/test.sh --side-by-side).
-HEAVY_FIRST = ("harnesses", "security", "e2e/test_local_run.py", "dispatcher/test_outage_run.py",
+# Folders whose files share session-scoped runs (tests/security: the red-team and honest runs): one group of tests
+# each for pytest-xdist (tests/conftest.py's scheduler), so that one worker makes each run once. tests/harnesses makes
+# one run per harness, which its tests share whichever file they are in: a group per harness.
+SHARED_RUNS = ("security",)
+PER_HARNESS = "harnesses"
+# The heaviest groups, scheduled first so that no long group starts last (scripts/test.sh --workers).
+HEAVY_FIRST = ("harnesses:openhands", "harnesses:aider", "security", "harnesses:claude-code", "harnesses:opencode",
+               "harnesses:codex", "harnesses:mini-swe-agent", "e2e/test_local_run.py", "dispatcher/test_outage_run.py",
                "e2e/test_docker_run.py", "gateway/test_gateway_run.py", "dispatcher/test_lost_verdict.py")
 
 
-def group_of(relpath: str) -> str:
-    """The group a test under tests/ runs in under pytest-xdist's --dist loadgroup: its file, or its folder where
-    the folder shares runs. A file's tests stay on one worker, with its module-scoped fixtures."""
-    top = relpath.split("/", 1)[0]
-    return top if top in SHARED_RUNS else relpath
+def group_of(nodeid: str) -> str:
+    """The group a test runs in under pytest-xdist's --dist loadgroup (its node id relative to tests/): its file,
+    or its folder where the folder shares runs, or in tests/harnesses its harness (the test's parameter, or the
+    file's own harness: test_aider.py). A group's tests stay on one worker, with the fixtures they share."""
+    path, _, name = nodeid.partition("::")
+    top = path.split("/", 1)[0]
+    if top == PER_HARNESS:
+        param = re.search(r"\[([\w.-]+)\]$", name)
+        return f"{top}:{param.group(1) if param else PurePosixPath(path).stem.removeprefix('test_')}"
+    return top if top in SHARED_RUNS else path
 
 
 def mark(items: list[pytest.Item]) -> None:
@@ -105,7 +113,12 @@ def mark(items: list[pytest.Item]) -> None:
         if not item.get_closest_marker(tier):
             item.add_marker(getattr(pytest.mark, tier))
     rank = {g: i for i, g in enumerate(HEAVY_FIRST)}
-    items.sort(key=lambda it: rank.get(group_of(it.path.relative_to(TESTS).as_posix()), len(rank)))
+    items.sort(key=lambda it: rank.get(group_of(relative_id(it)), len(rank)))
+
+
+def relative_id(item: pytest.Item) -> str:
+    """The test's node id from tests/ on (`harnesses/test_harness_runs.py::test_x[aider]`)."""
+    return item.path.relative_to(TESTS).as_posix() + "::" + item.nodeid.partition("::")[2]
 
 
 def unavailable(what: str, why: str):
