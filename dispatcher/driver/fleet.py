@@ -139,13 +139,13 @@ class Planner:
     max_idle_scale: the most the fleet is scaled up for the tasks not calling (starting, ending).
     The planner keeps one adaptive factor (`scale`): the fleet it targets grows while the pacer hardly makes tasks
     wait (the limits are not saturated, e.g. the pool's bucket holds capacity unused) and shrinks while they wait
-    more than high_wait."""
+    more than high_wait (set under the 10% of task time a run may spend waiting: the share swings around it)."""
 
-    def __init__(self, max_concurrency: int, low_wait: float = 0.05, high_wait: float = 0.10, step: float = 1.5,
+    def __init__(self, max_concurrency: int, low_wait: float = 0.05, high_wait: float = 0.08, step: float = 1.5,
                  headroom: float = 1.15, first: int = 4, max_idle_scale: float = 2.0):
         self.max_concurrency, self.low_wait, self.high_wait, self.step = max_concurrency, low_wait, high_wait, step
         self.headroom, self.first, self.max_idle_scale = headroom, first, max_idle_scale
-        self.scale, self.max_scale = 1.0, 1.5  # adapted from the pacer wait the turns show
+        self.scale, self.max_scale = 1.0, 1.25  # adapted from the pacer wait the turns show
 
     def target(self, limits: dict[str, int], obs: PoolObservation, remaining: int, current: int) -> int:
         """How many tasks should be running now. Where the limits and turns are known: the calling tasks the limits
