@@ -128,6 +128,7 @@ class Shim:
         self.ready = False
         self._published_at = 0.0
         self._bg: set[asyncio.Task] = set()
+        self._calls: set[asyncio.Task] = set()  # the tasks handling model calls now
         self._settling: list[Call] = []  # finished calls whose settles are on their way (_after)
 
     def _load_price(self) -> pricing.Price | None:
@@ -193,8 +194,14 @@ class Shim:
         row), flush the ledger, write the status file. False if ledger rows could not be sent."""
         self.ready = False
         await self.runner.cleanup()
+        # aiohttp cancels the request, not its handler: a call still here (held, or upstream past the grace) is
+        # cancelled now, so that it lands its ledger row before the ledger closes
+        if calls := list(self._calls):
+            for task in calls:
+                task.cancel()
+            await asyncio.wait(calls, timeout=5)
         deadline = time.monotonic() + 5
-        while self.in_flight and time.monotonic() < deadline:  # cancelled handlers finishing their rows
+        while self.in_flight and time.monotonic() < deadline:  # the cancelled calls' bookkeeping
             await asyncio.sleep(0.01)
         self._heartbeat.cancel()
         await asyncio.gather(*self._bg, return_exceptions=True)
@@ -252,6 +259,8 @@ class Shim:
         call = Call(kind or (MESSAGES if "messages" in path else CHAT), path)
         self.calls += 1
         self.in_flight += 1
+        task = asyncio.current_task()
+        self._calls.add(task)
         try:
             if not self._authorized(request.headers):
                 return self._error(call, 401, "authentication_error", "invalid local token", "unauthorized")
@@ -272,6 +281,7 @@ class Shim:
                 raise
             return self._error(call, 500, "api_error", "shim internal error", "error")
         finally:
+            self._calls.discard(task)
             self._finish(call)
 
     def _authorized(self, headers: Mapping[str, str]) -> bool:

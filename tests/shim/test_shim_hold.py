@@ -7,6 +7,9 @@ from __future__ import annotations
 import threading
 import time
 
+import anthropic
+import pytest
+
 from shim.hold import set_hold
 
 ASK = {"model": "harness-model", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}
@@ -54,3 +57,22 @@ def test_a_held_run_holds_new_calls_until_resumed_and_not_against_its_wall_time(
     st = s.status()
     assert st["stopped"] is None  # past the 1 s wall time by the held time, and not ended by it
     assert abs(st["held_s"] * 1000 - held_ms[2]) < 5
+
+
+def test_a_call_held_when_the_shim_stops_still_lands_its_ledger_row(sim, shim, valkey):
+    """SIGTERM while a call is held (a task stopped during a pause or an outage) whose harness already hung up (its
+    own timeout, or killed with the task): aiohttp no longer follows that request, and the call still lands its
+    row (cancelled, with the time it was held) before the ledger closes."""
+    s = shim(sim(), hold_poll_s=0.05)
+    a, run = s.anthropic(timeout=1.0), s.cfg.ref.run  # the harness gives up after a second
+    set_hold(valkey, run, True)
+    try:
+        with pytest.raises(anthropic.APITimeoutError):
+            a.messages.create(**ASK)
+        st = s.status()
+        assert st["in_flight"] == 1 and st["held_s"] > 0  # still held in the shim, nobody waiting for it
+        assert s.stop() == 0
+    finally:
+        set_hold(valkey, run, False)
+    (row,) = s.rows()
+    assert row["outcome"] == "cancelled" and row["held_ms"] > 0 and row["http_status"] == 0  # never answered
