@@ -13,6 +13,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import redis
+
+from contract import keys
 
 ROOT = Path(__file__).resolve().parents[2]
 SYNTHETIC = ROOT / "examples" / "synthetic"
@@ -231,7 +234,12 @@ def test_a_task_stopped_from_outside_is_landed_by_the_dispatcher_never_as_cancel
         while not (pids := task_pids(unique)):
             assert time.monotonic() < deadline and proc.poll() is None, "no task started"
             time.sleep(0.5)
-        time.sleep(15)  # its first calls made and held (the breaker trips after 5 failures)
+        # its first call made and failing (the shims report each 5xx to the pool's outage breaker), so that the task
+        # is stopped with a call of its own in flight
+        valkey = redis.Redis.from_url(env["VALKEY_URL"])
+        while not valkey.exists(keys.pool_breaker(unique)):
+            assert time.monotonic() < deadline and proc.poll() is None, "no call reached the provider"
+            time.sleep(0.5)
         assert task_pids(unique) == pids
         os.killpg(pids[0], signal.SIGTERM)  # the process launcher starts each task in a session of its own
         assert proc.wait(timeout=300) == 0, proc.stderr.read()[-3000:]

@@ -69,7 +69,9 @@ def test_a_call_held_when_the_shim_stops_still_lands_its_ledger_row(sim, shim, v
     try:
         with pytest.raises(anthropic.APITimeoutError):
             a.messages.create(**ASK)
-        st = s.status()
+        deadline = time.monotonic() + 30  # a bound for a loaded machine, not a measure
+        while not (st := s.status())["held_s"] and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert st["in_flight"] == 1 and st["held_s"] > 0  # still held in the shim, nobody waiting for it
         assert s.stop() == 0
     finally:
