@@ -206,18 +206,31 @@ def ledger_bodies(ref: AttemptRef, rows: list[CallRecord]) -> list[str]:
     return bodies
 
 
+SHIM_LOG_TAIL = 1 << 20
+
+
+def _tail(path: Path, limit: int) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(f.seek(0, 2) - limit, 0))
+            return f.read()
+    except OSError:
+        return None
+
+
 def store_artifacts(prefix: str, workdir: Path, patch: str,
                     sign: signing.Signer | None = None,
                     trajectory: Path | None = None) -> tuple[str | None, str | None, list[str]]:
-    """Patch, trajectory and ledger copy to S3, each upload on its own: whatever fails, the task still sends its
-    result (with the shim's unsent ledger rows), saying what is missing. Returns (patch_uri, trajectory_uri,
-    problems)."""
+    """Patch, trajectory, ledger copy and the shim's log (its tail: why a call failed) to S3, each upload on its own:
+    whatever fails, the task still sends its result (with the shim's unsent ledger rows), saying what is missing.
+    Returns (patch_uri, trajectory_uri, problems)."""
     uris: dict[str, str] = {}
     problems = []
     traj, ledger = trajectory or workdir / "trajectory.json", workdir / "ledger.jsonl"
     for name, body, kind in (("patch.diff", patch, "text/x-diff"),
                              ("trajectory.json", sandbox.read_agent_file(traj), "application/json"),
-                             ("ledger.jsonl", ledger.read_bytes() if ledger.exists() else None, "application/x-ndjson")):
+                             ("ledger.jsonl", ledger.read_bytes() if ledger.exists() else None, "application/x-ndjson"),
+                             ("shim.log", _tail(workdir / "shim.log", SHIM_LOG_TAIL), "text/plain")):
         if not body:
             continue
         try:

@@ -21,6 +21,8 @@ ATTEMPT_CAP, RUN_CAP = 1, 2
 # The hashes get their TTL when created here and have it refreshed by every settle.
 HOLD_FN = """
 local function ep_hold(ka, kae, kr, kre, id, est, acap, rcap, ttl_ms, key_ttl, now)
+  -- held already: the shim asking again after an answer it did not get (a store that timed out)
+  if redis.call('HEXISTS', ka, 'hold:' .. id) == 1 then return 0 end
   local function sweep(h, z)
     for _, eid in ipairs(redis.call('ZRANGEBYSCORE', z, '-inf', now)) do
       local amt = redis.call('HGET', h, 'hold:' .. eid)

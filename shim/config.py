@@ -68,6 +68,7 @@ class ShimConfig(BaseModel):
     sock_read_timeout_s: Float = 120.0  # an upstream silent this long has failed
     heartbeat_s: Float = Field(30.0, gt=0)  # progress-key refresh while idle
     hold_ttl_s: Float = Field(1800.0, gt=0)  # a budget hold not settled by then is released
+    store_wait_s: Float = Field(30.0, ge=0)  # a call's budget hold is asked again this long while Valkey fails
     shutdown_timeout_s: Float = 5.0  # grace for in-flight calls on SIGTERM
     sqs_flush_timeout_s: Float = 30.0  # how long shutdown keeps retrying SQS sends
     # false: at exit, rows not yet sent stay for the task, which sends them inside the attempt's result

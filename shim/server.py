@@ -268,11 +268,13 @@ class Shim:
                 return self._error(call, 404, "not_found_error", f"unknown route {method} {path}", "bad_request")
             return await self._proxy(request, call)
         except asyncio.CancelledError:  # shutdown: what went through is metered, and the row is written
-            call.outcome = "cancelled" if call.out is None else "stream_error"
+            # a stream whose final event the harness had was answered in full: only the read for the meter was cut
+            complete = call.meter is not None and call.meter.done and call.meter.error is None
+            call.outcome = "cancelled" if call.out is None else "ok" if complete else "stream_error"
             if call.out is not None:
                 call.http_status = call.http_status or 200
             if call.meter is not None:
-                self._stream_usage(call, call.meter, complete=False)
+                self._stream_usage(call, call.meter, complete=complete)
             raise
         except Exception:
             log.exception("internal error in call %s", call.call_id)
@@ -367,7 +369,7 @@ class Shim:
         est, pace = self._estimate(len(payload), max_out)
         hold_id = str(call.call_id)
         try:
-            which, waited = await self.gate.hold(hold_id, est, pace, self.deadline)
+            which, waited = await self._hold_budget(hold_id, est, pace)
         except PastDeadline:
             call.hold_id = hold_id
             return await self._rate_limited(call, None, "the pool's wait would pass the attempt's wall time")
@@ -507,6 +509,24 @@ class Shim:
 
     # ------------------------------------------------------------ upstream
 
+    async def _hold_budget(self, hold_id: str, est: int, pace: PaceRequest) -> tuple[int, float]:
+        """The call's budget hold and first admission (Gate.hold); a store that fails (Valkey restarting, a host
+        under load) is asked again for up to store_wait_s before the call is refused: the hold is taken once per
+        id, however often it is asked."""
+        give_up, n = time.monotonic() + self.cfg.store_wait_s, 0
+        while True:
+            try:
+                return await self.gate.hold(hold_id, est, pace, self.deadline)
+            except PastDeadline:
+                raise
+            except Exception as e:  # any store failure is asked again the same way
+                n += 1
+                delay = self.backoff.delay(n)
+                if time.monotonic() + delay > give_up:
+                    raise
+                log.warning("budget hold failed (%s), asking again in %.1f s", type(e).__name__, delay)
+                await asyncio.sleep(delay)
+
     async def _forward(self, request: web.BaseRequest, call: Call, payload: bytes,
                        pace: PaceRequest) -> web.StreamResponse:
         try:
@@ -610,6 +630,7 @@ class Shim:
         call.http_status = resp.status
         call.outcome = "error"
         call.answered = resp.status < 500
+        log.warning("upstream %d passed on as final: %s", resp.status, data[:300].decode(errors="replace"))
         if call.out is not None:  # a retried stream: its head is out, the error ends it
             return await self._end(call, _error_of(data) or {"type": "api_error",
                                                             "message": data.decode(errors="replace")[:500]})
@@ -681,6 +702,8 @@ class Shim:
         call.pace, call.used = pace, self._stream_usage(call, meter, complete=complete)
         if failure is not None:
             log.warning("stream cut: %s", failure)
+        elif meter.error is not None:
+            log.warning("stream ended by an error event: %s", json.dumps(meter.error)[:300])
         if not ended:  # tell the harness the stream broke (the SDKs raise on an in-stream error)
             tail = b"" if failure == CLIENT_GONE else sse_error(call.kind, {"type": "api_error", "message": failure})
             await self._write_end(out, tail)

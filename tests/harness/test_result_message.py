@@ -65,3 +65,15 @@ def test_artifacts_that_cannot_be_stored_are_named_not_fatal(moto_endpoint, uniq
     assert [p.split(" ")[0] for p in missing[2]] == ["patch.diff", "trajectory.json", "ledger.jsonl"]
     assert task.store_artifacts(f"s3://{res.bucket}/y/", tmp_path / "empty", "") == (None, None, [])
     resources.remove_queues(res)
+
+
+def test_the_shim_log_is_stored_beside_the_attempt_its_tail_when_long(moto_endpoint, unique, tmp_path, monkeypatch):
+    """Why a call failed is in the shim's log, which lives in the task's own folder: the task stores its tail."""
+    res = resources.ensure(unique)
+    monkeypatch.setattr(task, "SHIM_LOG_TAIL", 1000)
+    (tmp_path / "shim.log").write_text("old line\n" * 500 + "upstream 529 (attempt 1), retrying\n")
+    prefix = f"s3://{res.bucket}/runs/{unique}/attempts/a__b-1/1/"
+    assert task.store_artifacts(prefix, tmp_path, "diff --git a b\n")[2] == []
+    stored = aws.get_text(prefix + "shim.log")
+    assert len(stored) == 1000 and stored.endswith("upstream 529 (attempt 1), retrying\n")
+    resources.remove_queues(res)

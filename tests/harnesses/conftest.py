@@ -129,6 +129,12 @@ class HarnessRun:
     calls: dict[str, list[dict]]  # by instance id, in order
     trajectories: dict[str, dict]
     traces: dict[str, object] = field(default_factory=dict)  # by instance id: egress_trace.Trace
+    shim_logs: dict[str, str] = field(default_factory=dict)  # by instance id: what its shim logged (its tail)
+
+    def shim_complaints(self) -> list[str]:
+        """The shims' warnings and errors, to say why a call failed."""
+        return [f"{iid}: {line}" for iid, text in self.shim_logs.items() for line in text.splitlines()
+                if " WARNING " in line or " ERROR " in line]
 
 
 def _network_down(name: str) -> None:
@@ -190,8 +196,16 @@ def harness_run(harness: str, tmp: Path, database_url: str, valkey_url: str, mot
     os.environ.setdefault("AWS_ENDPOINT_URL", moto_endpoint)
     trajectories = {iid: json.loads(aws.get_text(a["trajectory_uri"])) for iid, a in attempts.items()
                     if a.get("trajectory_uri")}
+    shim_logs = {}
+    for iid, a in attempts.items():
+        if uri := a.get("patch_uri") or a.get("trajectory_uri"):
+            try:
+                shim_logs[iid] = aws.get_text(uri.rsplit("/", 1)[0] + "/shim.log")
+            except Exception as e:  # noqa: BLE001 - a diagnostic only
+                shim_logs[iid] = f"(no shim log: {type(e).__name__})"
     print(f"\n{harness}: dispatcher run {wall:.1f} s; images: {built.stdout.strip().splitlines()[-1]}")
-    return HarnessRun(harness, run, case, wall, p.stdout, p.stderr, attempts, calls, trajectories, traces)
+    return HarnessRun(harness, run, case, wall, p.stdout, p.stderr, attempts, calls, trajectories, traces,
+                      shim_logs)
 
 
 

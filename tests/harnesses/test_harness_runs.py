@@ -59,7 +59,9 @@ def test_injected_429_and_529_never_reach_the_harness(run):
     answered = [c for c in calls if c["outcome"] == "ok"]
     assert all(c["http_status"] == 200 for c in answered)
     refused = [c for c in calls if c["outcome"] != "ok"]  # only the caps' refusals, at the end of their sessions
-    assert {c["outcome"] for c in refused} <= {"max_turns_exceeded", "budget_exceeded"}, refused
+    seen = [(c["instance_id"], c["seq"], c["route"], c["stream"], c["http_status"], c["outcome"], c["retries"],
+             round(c["latency_ms"])) for c in refused]
+    assert {c["outcome"] for c in refused} <= {"max_turns_exceeded", "budget_exceeded"}, (seen, run.shim_complaints())
     assert {c["instance_id"] for c in refused} <= {TURN_CAP, COST_CAP}
 
 

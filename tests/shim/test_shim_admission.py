@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+import redis
 import redis.asyncio as aioredis
 from shimtest import LOCAL_TOKEN
 
@@ -17,8 +18,10 @@ from contract import keys
 from contract.models import AttemptRef
 from shim.admission import Gate
 from shim.caps import ATTEMPT_CAP, RUN_CAP, ValkeyBudget
+from shim.config import ShimConfig
 from shim.pacer import PaceRequest, PastDeadline, ValkeyPacer
 from shim.progress import SessionProgress
+from shim.server import Shim
 
 BODY = {"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "go"}]}
 
@@ -61,6 +64,54 @@ def test_the_hold_and_the_admission_are_one_script(valkey_url, valkey, unique):
         await r.aclose()
 
     asyncio.run(main())
+
+
+def test_a_hold_asked_again_is_taken_once(valkey_url, valkey, unique):
+    """The shim asks again when the store's answer did not come back (a timeout after the script ran): the second
+    ask of the same id holds nothing more, and its settle leaves nothing held."""
+    async def main():
+        r = aioredis.Redis.from_url(valkey_url)
+        gate, budget, _ = _gate(r, unique, acap=0.001, rcap=0.002)
+        req = PaceRequest(f"{unique}-pool", 10, 10)
+        assert (await gate.hold("c1", 600, req))[0] == 0
+        assert (await gate.hold("c1", 600, req))[0] == 0  # asked again: 1,200 would not fit under the 1,000 cap
+        ref = AttemptRef(run=unique, instance_id="a", attempt=1)
+        assert _budget(valkey, keys.attempt_budget(ref)) == {"held": 600, "holds": 1}
+        await budget.settle("c1", 400)
+        assert _budget(valkey, keys.attempt_budget(ref)) == {"held": 0, "spent": 400, "holds": 0}
+        await r.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_budget_hold_that_fails_for_a_moment_is_asked_again_not_refused(tmp_path):
+    """Valkey unreachable for a moment (a restart, a host under load) when a call arrives: the shim asks for the
+    call's hold again, within store_wait_s, and only past it answers that the store is unavailable."""
+    cfg = ShimConfig(upstream_url="http://upstream.invalid", provider="anthropic", model="claude-sonnet-4-5",
+                     pool="p", ref=AttemptRef(run="r", instance_id="a__b-1", attempt=1), local_token="t",
+                     ledger_path=tmp_path / "ledger.jsonl", backoff_base_s=0.01, backoff_cap_s=0.05, store_wait_s=1.0)
+    asked: list[str] = []
+
+    class FlakyGate:
+        def __init__(self, failures: int):
+            self.failures = failures
+
+        async def hold(self, hold_id, est, pace, deadline=None):
+            asked.append(hold_id)
+            if len(asked) <= self.failures:
+                raise redis.exceptions.ConnectionError("Connection refused")
+            return 0, 0.0
+
+    s = Shim(cfg, None)
+    s.gate = FlakyGate(failures=3)
+    assert asyncio.run(s._hold_budget("c1", 10, PaceRequest("p", 1, 1))) == (0, 0.0)
+    assert asked == ["c1"] * 4
+    asked.clear()
+    s.gate = FlakyGate(failures=10_000)
+    t0 = time.monotonic()
+    with pytest.raises(redis.exceptions.ConnectionError):
+        asyncio.run(s._hold_budget("c2", 10, PaceRequest("p", 1, 1)))
+    assert len(asked) > 3 and time.monotonic() - t0 <= 1.0 + 0.1
 
 
 def test_refusal_by_the_run_cap_far_bookings_and_the_wall_time(valkey_url, valkey, unique):

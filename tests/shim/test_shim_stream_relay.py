@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -208,3 +209,30 @@ def test_a_chat_stream_whose_retries_all_fail_ends_with_an_error_chunk(shim):
     assert count[0] == 2
     (row,) = s.rows()
     assert (row["outcome"], row["http_status"], row["retries"]) == ("rate_limited", 529, 1)
+
+
+def test_a_stream_answered_in_full_is_ok_when_the_shim_stops_during_its_tail(shim):
+    """The harness has the final event and exits (its own cap reached); the upstream (a gateway finishing its
+    bookkeeping) has not closed the stream yet when the task stops the shim: the call was answered in full."""
+    stopped = threading.Event()
+
+    async def linger(resp: web.StreamResponse) -> None:
+        await resp.write(_preamble() + _delta("the whole answer") + _END)
+        while not stopped.is_set():
+            await asyncio.sleep(0.05)
+
+    with upstream([linger]) as (url, _):
+        s = shim(url, shutdown_timeout_s=0.5)
+        with httpx.Client(timeout=30) as c, c.stream("POST", f"{s.base}/v1/messages", json=STREAM,
+                                                      headers={"x-api-key": LOCAL_TOKEN}) as r:
+            body = b""
+            for part in r.iter_raw():
+                body += part
+                if b"message_stop" in body:
+                    break
+        assert s.status()["in_flight"] == 1  # still reading the upstream's tail for the meter
+        assert s.stop() == 0
+        stopped.set()
+    (row,) = s.rows()
+    assert row["outcome"] == "ok" and row["http_status"] == 200, row
+    assert row["output_tokens"] == 7 and row["usage_estimated"] is False
