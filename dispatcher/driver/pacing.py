@@ -45,7 +45,7 @@ class PacerState(BaseModel):
 
 
 class PacerPolicy:
-    def __init__(self, safety: float = 0.9, decrease: float = 0.7, increase_frac: float = 0.05,
+    def __init__(self, safety: float = 0.95, decrease: float = 0.7, increase_frac: float = 0.05,
                  quiet_s: float = 60.0, debounce_s: float = 15.0, floor_frac: float = 0.05):
         self.safety, self.decrease, self.increase_frac = safety, decrease, increase_frac
         self.quiet_s, self.debounce_s, self.floor_frac = quiet_s, debounce_s, floor_frac
