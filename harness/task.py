@@ -209,15 +209,6 @@ def ledger_bodies(ref: AttemptRef, rows: list[CallRecord]) -> list[str]:
 SHIM_LOG_TAIL = 1 << 20
 
 
-def _tail(path: Path, limit: int) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(f.seek(0, 2) - limit, 0))
-            return f.read()
-    except OSError:
-        return None
-
-
 def store_artifacts(prefix: str, workdir: Path, patch: str,
                     sign: signing.Signer | None = None,
                     trajectory: Path | None = None) -> tuple[str | None, str | None, list[str]]:
@@ -230,7 +221,7 @@ def store_artifacts(prefix: str, workdir: Path, patch: str,
     for name, body, kind in (("patch.diff", patch, "text/x-diff"),
                              ("trajectory.json", sandbox.read_agent_file(traj), "application/json"),
                              ("ledger.jsonl", ledger.read_bytes() if ledger.exists() else None, "application/x-ndjson"),
-                             ("shim.log", _tail(workdir / "shim.log", SHIM_LOG_TAIL), "text/plain")):
+                             ("shim.log", services.log_tail(workdir / "shim.log", SHIM_LOG_TAIL), "text/plain")):
         if not body:
             continue
         try:
