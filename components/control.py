@@ -23,6 +23,7 @@ from components.common import (
     tags,
 )
 from components.ec2 import AL2023_AMI, instance_profile, launch_template
+from components.harness import run_secrets_prefix
 from components.tiers import (
     AutoscalingTierArgs,
     TaskDefinitionArgs,
@@ -31,7 +32,7 @@ from components.tiers import (
     log_group,
     task_definition,
 )
-from contract import task_shape, valkey_auth
+from contract import valkey_auth
 
 
 # ------------------------------------------------------------------------------------------ judge
@@ -53,6 +54,13 @@ class JudgeArgs:
     log_retention_days: int = 30
 
 
+def judge_key_arn_pattern(prefix: str) -> pulumi.Output[str]:
+    """The judge passes' key secrets ({run_secrets_prefix}{run}/judge-key): the runs' own gateway keys beside them
+    stay out of the judge's reach."""
+    return pulumi.Output.concat("arn:aws:secretsmanager:", region(), ":", account_id(), ":secret:",
+                                run_secrets_prefix(prefix), "*/judge-key-*")
+
+
 class Judge(pulumi.ComponentResource):
     """A Fargate task run after the fact: reads trajectories from S3, calls the gateway, writes verdicts."""
 
@@ -61,15 +69,6 @@ class Judge(pulumi.ComponentResource):
         p = args.prefix
         t = tags(p, "judge")
         logs = log_group(self, name, f"/{p}/judge", args.log_retention_days, t)
-        # The judge calls the gateway under its own key and budget, never a run's.
-        self.judge_key = aws.secretsmanager.Secret(
-            f"{name}-key",
-            name_prefix=f"{p}/judge/key-",
-            description="The judge's own gateway key (a LiteLLM virtual key with the judge's budget); set out of band",
-            kms_key_id=args.key_arn,
-            tags=t,
-            opts=child(self),
-        )
         self.execution_role = role_with_policy(
             self,
             f"{name}-exec-role",
@@ -78,8 +77,7 @@ class Judge(pulumi.ComponentResource):
             [
                 *ecr_pull_statements([args.platform_repo_arn]),
                 *logs_statements([logs.arn]),
-                statement(["secretsmanager:GetSecretValue"],
-                          [args.aurora_secret_arn, self.judge_key.arn, args.valkey_secret_arn]),
+                statement(["secretsmanager:GetSecretValue"], [args.aurora_secret_arn, args.valkey_secret_arn]),
                 statement(["kms:Decrypt"], [args.key_arn]),
             ],
             t,
@@ -89,12 +87,15 @@ class Judge(pulumi.ComponentResource):
             f"{name}-task-role",
             "ecs-tasks.amazonaws.com",
             "judge-task",
-            run_data_statements(args.bucket_arn, args.key_arn, args.queue_prefix, queues="none"),
+            # The judge calls the gateway under a key of each pass's own, never a run's: the dispatcher mints it and
+            # puts it in the run's judge-key secret, which the task reads (dispatcher/judge/ecs.py)
+            [*run_data_statements(args.bucket_arn, args.key_arn, args.queue_prefix, queues="none"),
+             statement(["secretsmanager:GetSecretValue"], [judge_key_arn_pattern(p)])],
             t,
         )
         containers = pulumi.Output.all(
             args.platform_repo_url, logs.name, region(), args.aurora_endpoint, args.gateway_url,
-            args.aurora_secret_arn, self.judge_key.arn, args.valkey_secret_arn,
+            args.aurora_secret_arn, args.valkey_secret_arn,
         ).apply(
             lambda a: json.dumps(
                 [
@@ -110,9 +111,8 @@ class Judge(pulumi.ComponentResource):
                         "secrets": [
                             {"name": "DATABASE_USERNAME", "valueFrom": f"{a[5]}:username::"},
                             {"name": "DATABASE_PASSWORD", "valueFrom": f"{a[5]}:password::"},
-                            {"name": task_shape.JUDGE_KEY_ENV, "valueFrom": a[6]},
-                            {"name": valkey_auth.USER_ENV, "valueFrom": f"{a[7]}:username::"},
-                            {"name": valkey_auth.PASSWORD_ENV, "valueFrom": f"{a[7]}:password::"},
+                            {"name": valkey_auth.USER_ENV, "valueFrom": f"{a[6]}:username::"},
+                            {"name": valkey_auth.PASSWORD_ENV, "valueFrom": f"{a[6]}:password::"},
                         ],
                         "logConfiguration": awslogs(a[1], a[2], "judge"),
                     }

@@ -14,9 +14,11 @@ ENTRYPOINT = [PYTHON, "-m", "harness"]  # the job's URI is the one argument (the
 CONTAINER = "task"  # the task definition's one container; RunTask overrides its command
 TESTBED = "/testbed"  # where the instance's repository is baked (and pruned at the base commit)
 STATE_DIR = "/tmp/evalplane"  # the task's working files (shim config, ledger, trajectory)
-UPSTREAM_KEY_ENV = "EVALPLANE_UPSTREAM_KEY"
+UPSTREAM_KEY_ENV = "EVALPLANE_UPSTREAM_KEY"  # the run's upstream key: only the task runner reads it, only the shim gets it
 OWN_CGROUP_ENV = "EVALPLANE_OWN_CGROUP"  # "1": the task is a container of its own, its cgroup its own (harness/usage.py)
-JUDGE_KEY_ENV = "EVALPLANE_JUDGE_KEY"  # the judge's own key (its ECS task's secret; `dispatcher judge` reads it)  # the run's provider key: only the task runner reads it, only the shim gets it
+# `dispatcher judge --api-key-env`'s default: locally the variable holding the judge's provider key; for a run on AWS
+# the name of the gateway's provider key the judge's deployment uses (dispatcher/judge/ecs.py)
+JUDGE_KEY_ENV = "EVALPLANE_JUDGE_KEY"
 # The instance's own environment, as the official images and eval scripts activate it.
 CONDA_ACTIVATE = "source /opt/miniconda3/bin/activate && conda activate testbed"
 LABEL_PREFIX = "org.evalplane"

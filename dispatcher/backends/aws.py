@@ -26,6 +26,26 @@ from dispatcher.backends.stack_outputs import StackOutputs
 log = logging.getLogger("evalplane.backends.aws")
 
 
+def estate_key_store(outputs: StackOutputs):
+    """The gateway's provider keys: the estate's Secrets Manager store, which only the replicas read."""
+    from gateway import keyfile
+    from gateway.config import GatewaySettings
+
+    return keyfile.store(GatewaySettings(database_url="", valkey_url="", provider_keys_store="secretsmanager",
+                                         provider_keys_prefix=outputs.required("gateway_provider_keys_prefix")))
+
+
+def require_provider_key(outputs: StackOutputs, name: str, field: str) -> None:
+    """The gateway's store has a provider key `name` (metadata only: the dispatcher may not read one), else a
+    RuntimeError naming `field`."""
+    sm, store = aws.client("secretsmanager"), estate_key_store(outputs)
+    try:
+        sm.describe_secret(SecretId=store.secret_id(name))
+    except sm.exceptions.ResourceNotFoundException:
+        raise RuntimeError(f"{field}: the estate's gateway has no provider key {name!r} (secret"
+                           f" {store.secret_id(name)}; stack config gatewayProviders)") from None
+
+
 class AwsBackend(Backend):
     launchers = ("ecs",)
     builds_images = False
@@ -101,12 +121,7 @@ class AwsBackend(Backend):
         return f"{self.outputs.required('run_secrets_prefix')}{self.spec.run.name}/gateway-key"
 
     def key_store(self):
-        """The gateway's provider keys: the estate's Secrets Manager store, which only the replicas read."""
-        from gateway import keyfile
-        from gateway.config import GatewaySettings
-
-        return keyfile.store(GatewaySettings(database_url="", valkey_url="", provider_keys_store="secretsmanager",
-                                             provider_keys_prefix=self.outputs.required("gateway_provider_keys_prefix")))
+        return estate_key_store(self.outputs)
 
     def open_gateway(self, plan, conn, valkey_url: str, run_keys: RunKeys, upstream: str, provider_key: str):
         """The estate's gateway service: its replicas' database role made from its secret, the pool's alias
@@ -139,11 +154,7 @@ class AwsBackend(Backend):
             if key is not None:
                 store.put(name, key)
         else:
-            try:  # metadata only: the dispatcher may not read a provider key
-                sm.describe_secret(SecretId=store.secret_id(name))
-            except sm.exceptions.ResourceNotFoundException:
-                raise RuntimeError(f"model.api_key_env: the estate's gateway has no provider key {name!r} (secret"
-                                   f" {store.secret_id(name)}; stack config gatewayProviders)") from None
+            require_provider_key(out, name, "model.api_key_env")
         gw = runs.open_run(conn, redis.Redis.from_url(valkey_url), spec, run_keys.run_secret, out.gateway_url,
                            spec.pool, [runs.deployment(spec.model.provider, spec.model.model, spec.model.base_url,
                                                        name)],

@@ -190,18 +190,25 @@ def judge(run_or_spec: RUN_OR_SPEC,
           model: Annotated[str, typer.Option(help="the judge's model (priced from LiteLLM's table)")] = "gpt-4o-mini",
           base_url: Annotated[str | None, typer.Option(
               help="the gateway; unset with a local run: the provider simulator's judge policy")] = None,
-          api_key_env: Annotated[str, typer.Option(help="env var with the judge's own provider key")]
-          = task_shape.JUDGE_KEY_ENV,
+          api_key_env: Annotated[str, typer.Option(
+              help="env var with the judge's own provider key (a run on AWS: that key's name in the estate"
+              " gateway's store)")] = task_shape.JUDGE_KEY_ENV,
+          provider_url: Annotated[str | None, typer.Option(
+              help="a run on AWS: the provider's endpoint, for the judge's deployment at the estate's gateway")]
+          = None,
           budget_usd: Annotated[float, typer.Option(help="the judge's own budget for the pass")] = 1.0,
           attempt_usd: Annotated[float | None, typer.Option(help="a cap per judged trajectory")] = None,
           max_tokens: int = 1024,
           concurrency: int = 2,
           gateway: Annotated[bool | None, typer.Option(
-              "--gateway/--no-gateway", help="through the local gateway tier under a key of the judge's own, its"
-              " budget --budget-usd (default: on for a local run whose spec has [gateway])",
+              "--gateway/--no-gateway", help="through the gateway tier under a key of the judge's own, its"
+              " budget --budget-usd (default: on for a local run whose spec has [gateway]; always on AWS)",
               show_default=False)] = None,
           here: Annotated[bool, typer.Option(
-              "--here", help="judge in this process even for a run on AWS (the ECS task's)")] = False) -> None:
+              "--here", help="judge in this process even for a run on AWS (the ECS task's)")] = False,
+          alias: Annotated[str | None, typer.Option(
+              help="with --here: the judge's alias at the gateway, its key in the secret named by"
+              " $EVALPLANE_JUDGE_KEY_SECRET (what the dispatcher gives an estate's judge task)")] = None) -> None:
     """A model judges each attempt's trajectory against a rubric (one verdict row each).
 
     Every attempt of the run without a verdict for the rubric is judged: here, or in an ECS task for a run on AWS."""
@@ -233,24 +240,51 @@ def judge(run_or_spec: RUN_OR_SPEC,
         raise typer.Exit(EXIT_SPEC) from None
     where = BACKENDS.get(backend)
     through_gateway = gateway if gateway is not None else where.local_stack and spec.get("gateway") is not None
-    if through_gateway and not where.local_stack:  # an estate's judge task calls its gateway with --base-url
-        raise Refused(f"--gateway: the judge mints its own gateway key on the local tier only; run {run!r} is on"
-                      f" backend {backend!r} (its judge task calls the estate's gateway: --base-url)", EXIT_SPEC)
     if not where.local_stack and not here:  # the judge runs where the run ran, beside its store
         from dispatcher.backends.stack_outputs import StackOutputsError
-        from dispatcher.judge.ecs import launch
+        from dispatcher.judge.ecs import launch, open_pass
 
-        argv = judge_argv(run, rubric=rubric, provider=provider, model=model, base_url=base_url,
-                          api_key_env=api_key_env, budget_usd=budget_usd, attempt_usd=attempt_usd,
-                          max_tokens=max_tokens, concurrency=concurrency)
-        try:
-            arn = launch(spec["backend"]["stack_outputs"], run, argv, chosen if rubric else None)
+        if gateway is False:
+            raise Refused(f"--no-gateway: run {run!r} is on backend {backend!r}, whose judge task calls the estate's"
+                          " gateway (it holds no provider key)", EXIT_SPEC)
+        if not provider_url:
+            raise Refused("--provider-url: on AWS the judge's deployment at the estate's gateway needs the"
+                          " provider's endpoint", EXIT_SPEC)
+        try:  # the pass's own key, minted before its task starts; the provider key stays with the gateway
+            pass_alias, key_secret = open_pass(spec["backend"]["stack_outputs"], run, judge_run_name(run),
+                                               db.database_url(), settings.valkey_url, provider, model, provider_url,
+                                               api_key_env, budget_usd)
         except (StackOutputsError, RuntimeError) as e:
             raise Refused(str(e)) from None
-        out.print(f"judge task started for run {run!r}: {arn}")
+        argv = judge_argv(run, rubric=rubric, provider=provider, model=model, base_url=base_url,
+                          api_key_env=api_key_env, budget_usd=budget_usd, attempt_usd=attempt_usd,
+                          max_tokens=max_tokens, concurrency=concurrency, alias=pass_alias)
+        try:
+            arn = launch(spec["backend"]["stack_outputs"], run, argv, chosen if rubric else None, key_secret)
+        except RuntimeError as e:  # no task holds the key: refused from now on
+            from dispatcher.judge.gateway import close_judge
+
+            close_judge(db.database_url(), settings.valkey_url, judge_run_name(run))
+            raise Refused(str(e)) from None
+        out.print(f"judge task started for run {run!r} under its own gateway key (alias {pass_alias}): {arn}",
+                  highlight=False, soft_wrap=True)
         return
+    if through_gateway and not where.local_stack:  # --here: the task's key was minted by the dispatcher (--alias)
+        raise Refused(f"--gateway: with --here the judge mints its own gateway key on the local tier only; run {run!r}"
+                      f" is on backend {backend!r} (its judge task gets its key from the dispatcher: --alias)",
+                      EXIT_SPEC)
     services = None
-    if base_url:
+    if alias:  # an estate's judge task: its key was minted by the dispatcher, its calls go to the gateway
+        from dispatcher.judge.ecs import pass_key
+
+        if not base_url:
+            raise Refused("--alias: the gateway's URL (--base-url) is required with it", EXIT_SPEC)
+        try:
+            upstream, key = base_url, pass_key()
+        except RuntimeError as e:
+            raise Refused(str(e), EXIT_SPEC) from None
+        settings = settings.model_copy(update={"upstream_model": alias})
+    elif base_url:
         upstream, key = base_url, os.environ.get(api_key_env, "")
         if not key:
             raise Refused(f"--api-key-env: environment variable {api_key_env} is not set", EXIT_SPEC)
@@ -301,11 +335,13 @@ def _interrupted(signum, frame):
 
 
 def judge_argv(run: str, *, rubric: str | None, provider: str, model: str, base_url: str | None, api_key_env: str,
-               budget_usd: float, attempt_usd: float | None, max_tokens: int, concurrency: int) -> list[str]:
+               budget_usd: float, attempt_usd: float | None, max_tokens: int, concurrency: int,
+               alias: str | None = None) -> list[str]:
     """The judge's own command line, for the ECS task that runs it (`--here`: in that task)."""
     argv = ["judge", run, "--here", "--provider", provider, "--model", model, "--api-key-env", api_key_env,
             "--budget-usd", str(budget_usd), "--max-tokens", str(max_tokens), "--concurrency", str(concurrency)]
-    for flag, value in (("--rubric", rubric), ("--base-url", base_url), ("--attempt-usd", attempt_usd)):
+    for flag, value in (("--rubric", rubric), ("--base-url", base_url), ("--attempt-usd", attempt_usd),
+                        ("--alias", alias)):
         if value is not None:
             argv += [flag, str(value)]
     return argv

@@ -226,9 +226,9 @@ def test_encryption_everywhere(estate_snapshot):
     rule = sse.inputs["rules"][0]["applyServerSideEncryptionByDefault"]
     assert rule == {"sseAlgorithm": "aws:kms", "kmsMasterKeyId": key_arn}
     secrets = s.of("aws:secretsmanager/secret:Secret")
-    # the gateway's two provider keys, master key and database role; judge; Valkey's dispatcher, harness and gateway
-    # users; the verdict key (runs' own key secrets are the dispatcher's, made per run)
-    assert len(secrets) == 9 and all(x.inputs["kmsKeyId"] == key_arn for x in secrets)
+    # the gateway's two provider keys, master key and database role; Valkey's dispatcher, harness and gateway users;
+    # the verdict key (runs' own key secrets and judge passes' are the dispatcher's, made per run and per pass)
+    assert len(secrets) == 8 and all(x.inputs["kmsKeyId"] == key_arn for x in secrets)
     for lt in s.of("aws:ec2/launchTemplate:LaunchTemplate"):
         assert all(bd["ebs"]["encrypted"] == "true" for bd in lt.inputs["blockDeviceMappings"])
 

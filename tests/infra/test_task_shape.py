@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 
 import boto3
@@ -115,19 +116,26 @@ def test_the_launcher_s_revision_differs_from_the_template_only_in_the_image(est
 
 
 def test_the_judge_task_has_what_the_judge_command_reads(estate_snapshot, monkeypatch):
-    """The judge's container is the one dispatcher.judge.ecs overrides; its own key is a secret under the variable
-    `dispatcher judge` reads by default; the database's parts assemble into the URL contract.db connects to."""
+    """The judge's container is the one dispatcher.judge.ecs overrides; it holds no gateway or provider key of its
+    own: its task role reads a pass's key from the run's judge-key secret (dispatcher.judge.ecs.key_secret_name) and
+    no run's gateway key; the database's parts assemble into the URL contract.db connects to."""
     from contract import db
-    from dispatcher.judge.ecs import CONTAINER
+    from dispatcher.judge.ecs import CONTAINER, key_secret_name
 
     s = estate_snapshot
     td = s.one("aws:ecs/taskDefinition:TaskDefinition", "evalplane-judge-task")
     (judge,) = json.loads(td.inputs["containerDefinitions"])
     assert judge["name"] == CONTAINER
     secrets = {x["name"]: x["valueFrom"] for x in judge["secrets"]}
-    key = s.one("aws:secretsmanager/secret:Secret", "evalplane-judge-key")
-    assert secrets[task_shape.JUDGE_KEY_ENV] == key.outputs["arn"] and key.inputs["kmsKeyId"].startswith("arn:aws:kms:")
-    assert {"DATABASE_USERNAME", "DATABASE_PASSWORD"} <= set(secrets)
+    assert set(secrets) == {"DATABASE_USERNAME", "DATABASE_PASSWORD", valkey_auth.USER_ENV, valkey_auth.PASSWORD_ENV}
+    policies = {r.inputs["name"]: json.loads(r.inputs["policy"]) for r in s.of("aws:iam/rolePolicy:RolePolicy")}
+    (readable,) = [st["Resource"] for st in policies["judge-task"]["Statement"]
+                   if "secretsmanager:GetSecretValue" in st["Action"]]
+    readable = readable if isinstance(readable, list) else [readable]
+    outputs = StackOutputs.model_construct(run_secrets_prefix="evalplane/runs/")  # the estate's, as exported
+    arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:"
+    assert [fnmatch.fnmatchcase(arn + key_secret_name(outputs, "run-1") + "-AbCdEf", r) for r in readable] == [True]
+    assert not fnmatch.fnmatchcase(arn + "evalplane/runs/run-1/gateway-key-AbCdEf", readable[0])
     env = {x["name"]: x["value"] for x in judge["environment"]}
     monkeypatch.delenv("DATABASE_URL", raising=False)
     for k, v in {**env, "DATABASE_USERNAME": "judge", "DATABASE_PASSWORD": "p@ss word"}.items():
