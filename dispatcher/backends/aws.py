@@ -46,6 +46,19 @@ def require_provider_key(outputs: StackOutputs, name: str, field: str) -> None:
                            f" {store.secret_id(name)}; stack config gatewayProviders)") from None
 
 
+def put_run_secret(outputs: StackOutputs, name: str, value: str, run: str, description: str) -> str:
+    """A secret of a run's own (under the estate's run_secrets_prefix, its KMS key), made or its value replaced;
+    its ARN."""
+    sm = aws.client("secretsmanager")
+    try:
+        return sm.create_secret(Name=name, SecretString=value, Description=description,
+                                Tags=[{"Key": "evalplane:run", "Value": run}],
+                                **({"KmsKeyId": outputs.kms_key_arn}
+                                   if getattr(outputs, "kms_key_arn", None) else {}))["ARN"]
+    except sm.exceptions.ResourceExistsException:
+        return sm.put_secret_value(SecretId=name, SecretString=value)["ARN"]
+
+
 class AwsBackend(Backend):
     launchers = ("ecs",)
     builds_images = False
@@ -185,14 +198,8 @@ class AwsBackend(Backend):
 
     def _put_run_secret(self, key: str) -> str:
         """The run's key in its own secret (made, or its value replaced on a resume); its ARN."""
-        sm, name = aws.client("secretsmanager"), self.run_key_secret_name()
-        try:
-            return sm.create_secret(Name=name, SecretString=key, Description="A run's gateway key (evalplane)",
-                                    Tags=[{"Key": "evalplane:run", "Value": self.spec.run.name}],
-                                    **({"KmsKeyId": self.outputs.kms_key_arn}
-                                       if getattr(self.outputs, "kms_key_arn", None) else {}))["ARN"]
-        except sm.exceptions.ResourceExistsException:
-            return sm.put_secret_value(SecretId=name, SecretString=key)["ARN"]
+        return put_run_secret(self.outputs, self.run_key_secret_name(), key, self.spec.run.name,
+                              "A run's gateway key (evalplane)")
 
     def close_gateway(self, conn, valkey) -> None:
         """The run's key revoked (gateway/runs.py), its secret deleted at once, and its provider key (where it has

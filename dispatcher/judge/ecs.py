@@ -21,17 +21,6 @@ def key_secret_name(outputs: StackOutputs, run: str) -> str:
     return f"{outputs.required('run_secrets_prefix')}{run}/judge-key"
 
 
-def _put_key(outputs: StackOutputs, run: str, key: str) -> str:
-    """The pass's key in the run's judge-key secret (made, or its value replaced for a later pass); its ARN."""
-    sm, name = aws.client("secretsmanager"), key_secret_name(outputs, run)
-    try:
-        return sm.create_secret(Name=name, SecretString=key, Description="A judge pass's gateway key (evalplane)",
-                                Tags=[{"Key": "evalplane:run", "Value": run}],
-                                **({"KmsKeyId": outputs.kms_key_arn} if getattr(outputs, "kms_key_arn", None) else {}))["ARN"]
-    except sm.exceptions.ResourceExistsException:
-        return sm.put_secret_value(SecretId=name, SecretString=key)["ARN"]
-
-
 def pass_key() -> str:
     """In the judge's task: the pass's gateway key, from the secret the dispatcher named."""
     arn = os.environ.get(KEY_SECRET_ENV)
@@ -46,14 +35,15 @@ def open_pass(stack_outputs: str, run: str, judge_run: str, database_url: str, v
     """The pass's place at the estate's gateway: the provider key `key_name` checked in the gateway's store, the
     judge's alias (`model` at `provider_url`) and key minted in the estate's database, the key put in its secret.
     -> (the alias, the secret's ARN)."""
-    from dispatcher.backends.aws import require_provider_key
+    from dispatcher.backends.aws import put_run_secret, require_provider_key
     from dispatcher.judge.gateway import mint_judge
 
     outputs = StackOutputs.load(stack_outputs)
     require_provider_key(outputs, key_name, "--api-key-env")
     gw = mint_judge(database_url, valkey_url, judge_run, outputs.gateway_url, f"{model}@judge", provider, model,
                     provider_url, key_name, budget_usd)
-    return gw.alias, _put_key(outputs, run, gw.key)
+    return gw.alias, put_run_secret(outputs, key_secret_name(outputs, run), gw.key, run,
+                                    "A judge pass's gateway key (evalplane)")
 
 
 def launch(stack_outputs: str, run: str, argv: list[str], rubric: Rubric | None = None,
