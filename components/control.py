@@ -23,7 +23,7 @@ from components.common import (
     tags,
 )
 from components.ec2 import AL2023_AMI, instance_profile, launch_template
-from components.harness import run_secrets_prefix
+from components.harness import run_secret_arn_pattern
 from components.tiers import (
     AutoscalingTierArgs,
     TaskDefinitionArgs,
@@ -32,7 +32,7 @@ from components.tiers import (
     log_group,
     task_definition,
 )
-from contract import valkey_auth
+from contract import task_shape, valkey_auth
 
 
 # ------------------------------------------------------------------------------------------ judge
@@ -52,13 +52,6 @@ class JudgeArgs:
     cpu: int = 512
     memory: int = 1024
     log_retention_days: int = 30
-
-
-def judge_key_arn_pattern(prefix: str) -> pulumi.Output[str]:
-    """The judge passes' key secrets ({run_secrets_prefix}{run}/judge-key): the runs' own gateway keys beside them
-    stay out of the judge's reach."""
-    return pulumi.Output.concat("arn:aws:secretsmanager:", region(), ":", account_id(), ":secret:",
-                                run_secrets_prefix(prefix), "*/judge-key-*")
 
 
 class Judge(pulumi.ComponentResource):
@@ -90,7 +83,7 @@ class Judge(pulumi.ComponentResource):
             # The judge calls the gateway under a key of each pass's own, never a run's: the dispatcher mints it and
             # puts it in the run's judge-key secret, which the task reads (dispatcher/judge/ecs.py)
             [*run_data_statements(args.bucket_arn, args.key_arn, args.queue_prefix, queues="none"),
-             statement(["secretsmanager:GetSecretValue"], [judge_key_arn_pattern(p)])],
+             statement(["secretsmanager:GetSecretValue"], [run_secret_arn_pattern(p, task_shape.JUDGE_KEY_SECRET)])],
             t,
         )
         containers = pulumi.Output.all(

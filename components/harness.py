@@ -20,6 +20,7 @@ import pulumi
 import pulumi_aws as aws
 
 from components.common import (
+    account_id,
     child,
     ecr_pull_statements,
     logs_statements,
@@ -74,6 +75,7 @@ class HarnessFleet(pulumi.ComponentResource):
         # Each run's gateway key: the task runner hands it to its shim alone (the secrets are the dispatcher's to make)
         self.run_secrets_prefix = run_secrets_prefix(p)
         self.run_secrets_arn_pattern = secret_arn_pattern(self.run_secrets_prefix)
+        run_keys = run_secret_arn_pattern(p, task_shape.RUN_KEY_SECRET)  # not the judge passes' keys beside them
         self.execution_role = role_with_policy(
             self,
             f"{name}-exec-role",
@@ -82,7 +84,7 @@ class HarnessFleet(pulumi.ComponentResource):
             [
                 *ecr_pull_statements([args.task_images_repo_arn]),
                 *logs_statements([self.log_group.arn]),
-                statement(["secretsmanager:GetSecretValue"], [self.run_secrets_arn_pattern, args.valkey_secret_arn]),
+                statement(["secretsmanager:GetSecretValue"], [run_keys, args.valkey_secret_arn]),
                 statement(["kms:Decrypt"], [args.key_arn]),
             ],
             t,
@@ -130,8 +132,15 @@ class HarnessFleet(pulumi.ComponentResource):
 
 
 def run_secrets_prefix(prefix: str) -> str:
-    """Names of runs' own secrets ({prefix}/runs/{run}/gateway-key): what the harness execution role may read."""
+    """Names of runs' own secrets ({prefix}/runs/{run}/{name}: contract.task_shape's RUN_KEY_SECRET and
+    JUDGE_KEY_SECRET), which the dispatcher makes."""
     return f"{prefix}/runs/"
+
+
+def run_secret_arn_pattern(prefix: str, name: str) -> pulumi.Output[str]:
+    """Every run's secret `name` (Secrets Manager appends -XXXXXX to a secret's name)."""
+    return pulumi.Output.concat("arn:aws:secretsmanager:", region(), ":", account_id(), ":secret:",
+                                run_secrets_prefix(prefix), "*/", name, "-*")
 
 
 def task_container(image: str, log_group: str, region_name: str, valkey_secret_arn: str) -> dict:

@@ -19,6 +19,10 @@ OWN_CGROUP_ENV = "EVALPLANE_OWN_CGROUP"  # "1": the task is a container of its o
 # `dispatcher judge --api-key-env`'s default: locally the variable holding the judge's provider key; for a run on AWS
 # the name of the gateway's provider key the judge's deployment uses (dispatcher/judge/ecs.py)
 JUDGE_KEY_ENV = "EVALPLANE_JUDGE_KEY"
+# A run's own secrets on AWS, {run_secrets_prefix}{run}/{name}: its gateway key (its tasks' execution role reads it) and
+# its judge pass's gateway key (the judge task's role reads it)
+RUN_KEY_SECRET = "gateway-key"
+JUDGE_KEY_SECRET = "judge-key"
 # The instance's own environment, as the official images and eval scripts activate it.
 CONDA_ACTIVATE = "source /opt/miniconda3/bin/activate && conda activate testbed"
 LABEL_PREFIX = "org.evalplane"

@@ -131,7 +131,7 @@ class AwsBackend(Backend):
     # ------------------------------------------------------------------ the gateway tier
     def run_key_secret_name(self) -> str:
         """The run's gateway key's secret: under the prefix the harness execution role may read, nothing else."""
-        return f"{self.outputs.required('run_secrets_prefix')}{self.spec.run.name}/gateway-key"
+        return f"{self.outputs.required('run_secrets_prefix')}{self.spec.run.name}/{task_shape.RUN_KEY_SECRET}"
 
     def key_store(self):
         return estate_key_store(self.outputs)

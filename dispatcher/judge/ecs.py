@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from contract import aws
+from contract import aws, task_shape
 from dispatcher.backends.stack_outputs import StackOutputs
 from dispatcher.judge.rubric import Rubric
 from dispatcher.launchers.ecs import EcsTarget, started_by
@@ -18,7 +18,7 @@ KEY_SECRET_ENV = "EVALPLANE_JUDGE_KEY_SECRET"  # the ARN of the secret holding t
 
 
 def key_secret_name(outputs: StackOutputs, run: str) -> str:
-    return f"{outputs.required('run_secrets_prefix')}{run}/judge-key"
+    return f"{outputs.required('run_secrets_prefix')}{run}/{task_shape.JUDGE_KEY_SECRET}"
 
 
 def pass_key() -> str:

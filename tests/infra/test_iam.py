@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 
+from contract import task_shape
 from policy.rules import WILDCARD_ALLOWLIST, iam_violations
 
 
@@ -103,14 +105,16 @@ def test_build_tier_pushes_task_images_and_the_instance_mirror(estate_snapshot):
     assert any(r.inputs["securityGroupId"] == groups["evalplane-sg-aurora"]
                and r.inputs.get("referencedSecurityGroupId") == groups["evalplane-sg-build"] and r.inputs["fromPort"] == 5432
                for r in s.of("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"))
-    # harness tasks pull their task image, and read their run's key (a secret under <prefix>/runs/) and their Valkey
-    # user's secrets, nothing else
+    # harness tasks pull their task image, and read their run's key (a secret under <prefix>/runs/, not the judge
+    # pass's key beside it) and their Valkey user's secrets, nothing else
     exec_doc = p["harness-exec"]["Statement"]
     (pull,) = [st for st in exec_doc if "ecr:BatchGetImage" in st["Action"]]
     assert pull["Resource"] == [repos["evalplane/task-images"]]
     (secret,) = [st for st in exec_doc if "secretsmanager:GetSecretValue" in st["Action"]]
     valkey_user = s.one("aws:secretsmanager/secret:Secret", "evalplane-state-valkey-harness-secret").outputs["arn"]
-    assert secret["Resource"] == ["arn:aws:secretsmanager:us-east-1:123456789012:secret:evalplane/runs/*", valkey_user]
+    arn = "arn:aws:secretsmanager:us-east-1:123456789012:secret:evalplane/runs/"
+    assert secret["Resource"] == [f"{arn}*/{task_shape.RUN_KEY_SECRET}-*", valkey_user]
+    assert not fnmatch.fnmatchcase(f"{arn}run-1/{task_shape.JUDGE_KEY_SECRET}-AbCdEf", secret["Resource"][0])
     assert s.outputs["run_secrets_prefix"] == "evalplane/runs/"
 
 
