@@ -100,6 +100,7 @@ class Call:
     out: web.StreamResponse | None = None  # a stream's answer, once its head went to the harness
     gateway_call_id: str | None = None  # the gateway's id for the last attempt that it answered
     meter: StreamMeter | None = None  # the stream attempt being relayed
+    finished: bool = False  # its ledger row is written (once)
 
 
 class Shim:
@@ -128,7 +129,7 @@ class Shim:
         self.ready = False
         self._published_at = 0.0
         self._bg: set[asyncio.Task] = set()
-        self._calls: set[asyncio.Task] = set()  # the tasks handling model calls now
+        self._calls: dict[asyncio.Task, Call] = {}  # the tasks handling model calls now, and their calls
         self._settling: list[Call] = []  # finished calls whose settles are on their way (_after)
 
     def _load_price(self) -> pricing.Price | None:
@@ -199,8 +200,13 @@ class Shim:
         if calls := list(self._calls):
             for task in calls:
                 task.cancel()
-            await asyncio.wait(calls, timeout=5)
-        deadline = time.monotonic() + 5
+            await asyncio.wait(calls, timeout=self.cfg.shutdown_timeout_s)
+        for call in list(self._calls.values()):  # stuck past its cancellation: its row all the same, once
+            log.warning("call %s had not ended %g s after it was cancelled at shutdown: its ledger row is written"
+                        " as it stands", call.call_id, self.cfg.shutdown_timeout_s)
+            self._cut(call)
+            self._finish(call)
+        deadline = time.monotonic() + self.cfg.shutdown_timeout_s
         while self.in_flight and time.monotonic() < deadline:  # the cancelled calls' bookkeeping
             await asyncio.sleep(0.01)
         self._heartbeat.cancel()
@@ -260,7 +266,7 @@ class Shim:
         self.calls += 1
         self.in_flight += 1
         task = asyncio.current_task()
-        self._calls.add(task)
+        self._calls[task] = call
         try:
             if not self._authorized(request.headers):
                 return self._error(call, 401, "authentication_error", "invalid local token", "unauthorized")
@@ -268,13 +274,7 @@ class Shim:
                 return self._error(call, 404, "not_found_error", f"unknown route {method} {path}", "bad_request")
             return await self._proxy(request, call)
         except asyncio.CancelledError:  # shutdown: what went through is metered, and the row is written
-            # a stream whose final event the harness had was answered in full: only the read for the meter was cut
-            complete = call.meter is not None and call.meter.done and call.meter.error is None
-            call.outcome = "cancelled" if call.out is None else "ok" if complete else "stream_error"
-            if call.out is not None:
-                call.http_status = call.http_status or 200
-            if call.meter is not None:
-                self._stream_usage(call, call.meter, complete=complete)
+            self._cut(call)
             raise
         except Exception:
             log.exception("internal error in call %s", call.call_id)
@@ -283,8 +283,20 @@ class Shim:
                 raise
             return self._error(call, 500, "api_error", "shim internal error", "error")
         finally:
-            self._calls.discard(task)
+            self._calls.pop(task, None)
             self._finish(call)
+
+    def _cut(self, call: Call) -> None:
+        """A call ended by the shim's shutdown: what went through is metered. A stream whose final event the harness
+        had was answered in full: only the read for the meter was cut."""
+        if call.finished:
+            return
+        complete = call.meter is not None and call.meter.done and call.meter.error is None
+        call.outcome = "cancelled" if call.out is None else "ok" if complete else "stream_error"
+        if call.out is not None:
+            call.http_status = call.http_status or 200
+        if call.meter is not None:
+            self._stream_usage(call, call.meter, complete=complete)
 
     def _authorized(self, headers: Mapping[str, str]) -> bool:
         token = headers.get("x-api-key") or ""
@@ -773,7 +785,10 @@ class Shim:
 
     def _finish(self, call: Call) -> None:
         """The call's ledger row, written before anything else can run; then, in the background, its settles
-        and the progress hash (in_flight covers them)."""
+        and the progress hash (in_flight covers them). Once per call."""
+        if call.finished:
+            return
+        call.finished = True
         now = time.monotonic()
         self.last_call_at = time.time()
         self.retries += call.retries

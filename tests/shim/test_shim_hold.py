@@ -78,3 +78,57 @@ def test_a_call_held_when_the_shim_stops_still_lands_its_ledger_row(sim, shim, v
         set_hold(valkey, run, False)
     (row,) = s.rows()
     assert row["outcome"] == "cancelled" and row["held_ms"] > 0 and row["http_status"] == 0  # never answered
+
+
+def test_a_call_stuck_past_its_cancellation_at_shutdown_still_lands_one_row(tmp_path, caplog):
+    """A handler that does not end when the shutdown cancels it (an await that swallows the cancellation: here a
+    hold gate) gets its row from stop() all the same, with a warning; when it ends later, no second row."""
+    import asyncio
+    import json
+
+    import aiohttp
+
+    from contract.models import AttemptRef
+    from shim.config import ShimConfig
+    from shim.server import Shim
+
+    cfg = ShimConfig(upstream_url="http://upstream.invalid", provider="anthropic", model="claude-sonnet-4-5",
+                     pool="p", ref=AttemptRef(run="r", instance_id="a__b-1", attempt=1), local_token="t",
+                     ledger_path=tmp_path / "ledger.jsonl", shutdown_timeout_s=0.3)
+
+    class StuckHold:
+        """The run's hold, read by an await that ignores one cancellation and then waits to be let go (then: not
+        held, None)."""
+        poll_s = 0.05
+
+        def __init__(self):
+            self.entered, self.release = asyncio.Event(), asyncio.Event()
+
+        async def open_for_s(self, fresh=False):
+            self.entered.set()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                pass
+            await self.release.wait()
+
+    async def main():
+        s = Shim(cfg, None)
+        port = await s.start()
+        s.run_hold = stuck = StuckHold()
+        async with aiohttp.ClientSession() as http:
+            ask = asyncio.create_task(http.post(f"http://127.0.0.1:{port}/v1/messages", json=ASK,
+                                                headers={"x-api-key": "t"}))
+            await asyncio.wait_for(stuck.entered.wait(), 10)
+            ask.cancel()  # the harness hangs up
+            with caplog.at_level("WARNING", logger="shim"):
+                assert await s.stop() is True
+            rows = [json.loads(x) for x in cfg.ledger_path.read_text().splitlines()]
+            assert [(r["outcome"], r["route"]) for r in rows] == [("cancelled", "/v1/messages")]
+            assert "had not ended 0.3 s after it was cancelled" in caplog.text
+            handlers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            stuck.release.set()  # the stuck handler goes on (to an upstream the closed shim cannot reach) and ends
+            await asyncio.wait(handlers, timeout=10)
+        assert len(cfg.ledger_path.read_text().splitlines()) == 1
+
+    asyncio.run(main())
