@@ -291,6 +291,8 @@ class Shim:
         had was answered in full: only the read for the meter was cut."""
         if call.finished:
             return
+        if (t0 := self._holding.get(call.call_id)) is not None:  # held still (a handler stuck in the hold loop)
+            call.held_ms += (time.monotonic() - t0) * 1000
         complete = call.meter is not None and call.meter.done and call.meter.error is None
         call.outcome = "cancelled" if call.out is None else "ok" if complete else "stream_error"
         if call.out is not None:

@@ -97,14 +97,19 @@ def test_a_call_stuck_past_its_cancellation_at_shutdown_still_lands_one_row(tmp_
                      ledger_path=tmp_path / "ledger.jsonl", shutdown_timeout_s=0.3)
 
     class StuckHold:
-        """The run's hold, read by an await that ignores one cancellation and then waits to be let go (then: not
-        held, None)."""
+        """The run's hold: set at first, then read again by an await that ignores one cancellation and waits to
+        be let go (then: not held, None)."""
         poll_s = 0.05
 
         def __init__(self):
             self.entered, self.release = asyncio.Event(), asyncio.Event()
 
+        async def probe(self):
+            return False
+
         async def open_for_s(self, fresh=False):
+            if not fresh:
+                return 0.0
             self.entered.set()
             try:
                 await asyncio.sleep(3600)
@@ -125,6 +130,7 @@ def test_a_call_stuck_past_its_cancellation_at_shutdown_still_lands_one_row(tmp_
                 assert await s.stop() is True
             rows = [json.loads(x) for x in cfg.ledger_path.read_text().splitlines()]
             assert [(r["outcome"], r["route"]) for r in rows] == [("cancelled", "/v1/messages")]
+            assert rows[0]["held_ms"] > 0 and rows[0]["http_status"] == 0  # held until then, never answered
             assert "had not ended 0.3 s after it was cancelled" in caplog.text
             handlers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             stuck.release.set()  # the stuck handler goes on (to an upstream the closed shim cannot reach) and ends
