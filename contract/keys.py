@@ -114,6 +114,12 @@ def gateway_spend(owner: str) -> str:
     return f"ep:gw:{{{owner}}}:spend"
 
 
+def gateway_answer(key_hash: str, attempt: str) -> str:
+    """A non-stream answer a replica gave to one upstream attempt under a key (hash: h, its headers as JSON; b, its
+    body), kept briefly for a retry of it (gateway/replay.py)."""
+    return f"ep:gw:answer:{key_hash}:{attempt}"
+
+
 def gateway_rows(database: str) -> str:
     """The gateway's meter rows (JSON list) on their way to one PostgreSQL database (a digest of its host, port and
     name: tiers writing to other databases share the Valkey, not their rows)."""

@@ -34,6 +34,7 @@ class GatewaySettings(BaseModel):
     alias_refresh_s: float = 5.0  # a replica re-reads an alias's deployments this often
     drain_interval_s: float = 0.5  # how often meter rows move from Valkey to PostgreSQL
     drain_batch: int = 500
+    answer_ttl_s: float = 120.0  # a non-stream answer is kept this long for a retry of its call (gateway/replay.py)
 
     @classmethod
     def from_env(cls) -> GatewaySettings:

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from fastapi import HTTPException
 from litellm.integrations.custom_logger import CustomLogger
 
+from gateway import replay
 from gateway.config import GatewaySettings
 from gateway.runtime import Runtime, tokens
 
@@ -87,3 +88,12 @@ class GatewayMeter(CustomLogger):
 
 
 meter = GatewayMeter()
+
+
+def _install_replay() -> None:
+    from litellm.proxy.proxy_server import app
+
+    replay.install(app, lambda: meter.runtime.valkey, lambda: meter.runtime.settings.answer_ttl_s)
+
+
+_install_replay()

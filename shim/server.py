@@ -56,11 +56,12 @@ log = logging.getLogger("shim")
 UPSTREAM_PATHS = {kind: path for path, kind in ROUTES.items()}
 DEFAULT_MAX_OUTPUT = 16384
 CLIENT_GONE = "client disconnected"
-GATEWAY_CALL_ID = "x-litellm-call-id"  # the gateway tier names each call it served (gateway/meter.py rows)
+GATEWAY_CALL_ID = "x-litellm-call-id"  # each upstream attempt's name: the gateway's id of the call (its meter row)
+REPLAY_OF = "x-evalplane-replay-of"  # a retry's earlier attempts, one of which the gateway may have answered
 _HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                   "trailers", "transfer-encoding", "upgrade", "content-length", "host", "date", "server"})
 _DROP_UP = _HOP | {"authorization", "x-api-key", "accept-encoding", "cookie", "content-encoding", "content-type",
-                   "expect"}
+                   "expect", GATEWAY_CALL_ID, REPLAY_OF}
 NO_RETRY = {"x-should-retry": "false"}
 _UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
 
@@ -99,6 +100,7 @@ class Call:
     used: Usage | None = None  # ... with what that attempt used
     out: web.StreamResponse | None = None  # a stream's answer, once its head went to the harness
     gateway_call_id: str | None = None  # the gateway's id for the last attempt that it answered
+    cut: dict[str, int] = field(default_factory=dict)  # attempt -> estimated output: its answer cut after its head
     meter: StreamMeter | None = None  # the stream attempt being relayed
     finished: bool = False  # its ledger row is written (once)
 
@@ -554,6 +556,7 @@ class Shim:
         headers = self._upstream_headers(request.headers, call.kind)
         last: Failure | None = None
         attempt = 0
+        sent: list[str] = []  # the call's upstream attempts by name: a retry names them, the gateway may replay one
         while True:
             if last is not None:  # the task's wall-time guard reads it: time spent so is the provider's, not the model's
                 self._failing.add(id(call))
@@ -581,6 +584,10 @@ class Shim:
                     call.pacer_wait_ms += await self.pacer.admit(pace, self.deadline)
                 except PastDeadline:
                     return await self._rate_limited(call, last, "the pool's wait would pass the attempt's wall time")
+            if sent:
+                headers[REPLAY_OF] = ",".join(sent)
+            sent.append(f"{call.call_id}:{len(sent) + 1}")
+            headers[GATEWAY_CALL_ID] = sent[-1]
             try:
                 resp = await self.session.post(url, data=payload, headers=headers)
             except _UPSTREAM_ERRORS as e:
@@ -588,6 +595,7 @@ class Shim:
                 await self._pace_settle(pace, None)
                 continue
             call.gateway_call_id = resp.headers.get(GATEWAY_CALL_ID) or call.gateway_call_id
+            call.cut.pop(call.gateway_call_id or "", None)  # an attempt cut before, its kept answer replayed now
             try:
                 if resp.status != 200:
                     try:
@@ -615,9 +623,10 @@ class Shim:
                     continue
                 try:
                     data = await resp.read()
-                except _UPSTREAM_ERRORS as e:  # the provider answered (and billed): the worst case, estimated
+                except _UPSTREAM_ERRORS as e:  # the provider answered (and billed): estimated, unless replayed
                     resp.close()
-                    await self._pace_settle(pace, self._account(call, None, True, est_output=call.max_out))
+                    call.cut[resp.headers.get(GATEWAY_CALL_ID) or sent[-1]] = call.max_out
+                    await self._pace_settle(pace, self._usage_guess(call, call.max_out))
                     last = Failure(502, {}, self._err_json(call, f"upstream failed: {type(e).__name__}"))
                     continue
                 call.http_status = 200
@@ -725,14 +734,19 @@ class Shim:
 
     # ------------------------------------------------------------ metering
 
+    @staticmethod
+    def _usage_guess(call: Call, est_output: int, raw: dict[str, Any] | None = None) -> Usage:
+        """An attempt's usage where the provider's count is missing or partial: the request's size, the output seen."""
+        usage = normalise(call.kind, raw)
+        if raw is None or not (usage.input_tokens or usage.cached_tokens or usage.cache_write_tokens):
+            usage.input_tokens = (call.payload_bytes + 3) // 4
+        usage.output_tokens = max(usage.output_tokens, est_output)
+        return usage
+
     def _account(self, call: Call, raw: dict[str, Any] | None, estimated: bool, est_output: int = 0) -> Usage:
         """Meter one upstream attempt into the call's row (a call's retries may each have been billed)."""
-        usage = normalise(call.kind, raw)
-        if raw is None or estimated:
-            estimated = True
-            if raw is None or not (usage.input_tokens or usage.cached_tokens or usage.cache_write_tokens):
-                usage.input_tokens = (call.payload_bytes + 3) // 4
-            usage.output_tokens = max(usage.output_tokens, est_output)
+        estimated = raw is None or estimated
+        usage = self._usage_guess(call, est_output, raw) if estimated else normalise(call.kind, raw)
         call.raws.append(raw)
         call.usage = usage if call.usage is None else call.usage + usage
         call.estimated = call.estimated or estimated
@@ -794,6 +808,10 @@ class Shim:
         now = time.monotonic()
         self.last_call_at = time.time()
         self.retries += call.retries
+        for est_output in call.cut.values():  # attempts cut after their head and never replayed: billed, estimated
+            self._account(call, None, True, est_output=est_output)
+            call.raws.insert(0, call.raws.pop())  # before the answered attempt, whose usage stays last
+        call.cut.clear()
         u = call.usage or Usage()
         # the last attempt's usage verbatim; earlier billed attempts (retried after a cut) listed beside it
         raw = call.raws[-1] if len(call.raws) == 1 else (

@@ -61,7 +61,9 @@ class Reconciliation(BaseModel):
 
 def _difference(row: dict) -> str | None:
     if row["shim_call_id"] is None:
-        return "the gateway served it; no shim row"
+        call, _, attempt = row["g_gateway_call_id"].rpartition(":")  # the shim names its attempts <call id>:<n>
+        return (f"attempt {attempt} of shim call {call}: answered, lost on its way back and asked again (billed"
+                " twice)" if call else "the gateway served it; no shim row")
     if row["g_gateway_call_id"] is None:
         return ("no gateway call id on the shim row" if row["shim_gateway_call_id"] is None
                 else "no gateway row for the shim row's call id")

@@ -81,6 +81,37 @@ def test_calls_on_both_routes_land_one_row_each_with_the_answers_call_id(gateway
     assert len({r["replica"] for r in rows.values()}) >= 1
 
 
+def test_a_retry_of_an_answered_attempt_gets_its_answer_again_and_is_not_billed_twice(gateway_tier, run_key, pg,
+                                                                                       valkey):
+    """The shim names its attempts (x-litellm-call-id) and a retry the attempts before it: an answer lost on its
+    way back (a replica killed after answering) is replayed, not asked of the provider again."""
+    _, info = gateway_tier
+    key, alias, owner = run_key
+    body = {"model": alias, "max_tokens": 64, "messages": [{"role": "user", "content": "Fix the bug."}]}
+    calls = {f"{owner}-chat": ("/v1/chat/completions", {"Authorization": f"Bearer {key}"}),
+             f"{owner}-messages": ("/v1/messages", {"x-api-key": key})}
+    for call, (route, auth) in calls.items():
+        first = httpx.post(info.url + route, json=body, timeout=60, headers={**auth, "x-litellm-call-id": f"{call}:1"})
+        retry = httpx.post(info.url + route, json=body, timeout=60, headers={
+            **auth, "x-litellm-call-id": f"{call}:2", "x-evalplane-replay-of": f"{call}:0,{call}:1"})
+        assert (first.status_code, retry.status_code) == (200, 200), (first.text, retry.text)
+        assert first.headers["x-litellm-call-id"] == retry.headers["x-litellm-call-id"] == f"{call}:1"
+        assert retry.content == first.content and retry.headers.get("x-evalplane-replayed") == "true"
+        assert "x-evalplane-replayed" not in first.headers
+    # another key (another run) finds nothing to replay under the same names: its retry is a call of its own
+    other = "sk-run-other-" + owner
+    keys.mint(pg, valkey, other, keys.KeyRecord(owner=owner + "-other", aliases=[alias], expires_at=keys.expiry(600)))
+    stranger = httpx.post(info.url + "/v1/chat/completions", json=body, timeout=60, headers={
+        "Authorization": f"Bearer {other}", "x-litellm-call-id": f"{owner}-stranger:2",
+        "x-evalplane-replay-of": f"{owner}-chat:1"})
+    assert stranger.status_code == 200 and stranger.headers["x-litellm-call-id"] == f"{owner}-stranger:2"
+    assert "x-evalplane-replayed" not in stranger.headers
+    gateway_rows(pg, owner, 2)
+    time.sleep(1.0)  # a row for a replayed call would have landed by now
+    rows = gateway_rows(pg, owner, 3, timeout_s=0)
+    assert sorted(r["gateway_call_id"] for r in rows) == sorted(f"{call}:1" for call in calls)
+
+
 def test_a_key_is_refused_outside_its_scope_after_revocation_and_past_expiry(gateway_tier, run_key, pg, valkey):
     _, info = gateway_tier
     key, alias, owner = run_key

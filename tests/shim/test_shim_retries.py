@@ -210,3 +210,52 @@ def test_a_call_being_retried_shows_as_failing_in_the_status(shim):
         t.join(30)
     assert answer["r"].status_code == 200 and len(seen) == 2
     assert s.status()["failing"] == 0
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["replayed", "not-kept"])
+def test_an_answer_cut_after_its_head_is_replayed_or_else_estimated(shim, kept):
+    """A non-stream answer cut after its head was billed. The retry names the attempts before it: a gateway that kept
+    the answer replays it under the cut attempt's call id, and the call is metered once, from the answer; one that
+    did not answers anew, and the cut attempt is metered as estimated beside it."""
+    from aiohttp import web
+
+    from simulator.testing import running_app
+
+    answer = {"id": "msg_1", "type": "message", "role": "assistant", "model": MODEL, "stop_reason": "end_turn",
+              "content": [{"type": "text", "text": "fixed"}], "usage": {"input_tokens": 21, "output_tokens": 4}}
+    seen: list[dict] = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        seen.append(dict(request.headers))
+        attempt = request.headers["x-litellm-call-id"]
+        if len(seen) == 1:  # its head goes out, then the connection drops mid-body (the replica died)
+            resp = web.StreamResponse(status=200, headers={"content-type": "application/json",
+                                                           "content-length": "400", "x-litellm-call-id": attempt})
+            await resp.prepare(request)
+            await resp.write(b'{"id": "msg_1", ')
+            request.transport.close()
+            return resp
+        replayed = request.headers["x-evalplane-replay-of"].split(",")
+        return web.json_response(answer, headers={"x-litellm-call-id": replayed[0] if kept else attempt})
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", handle)
+    with running_app(app) as url:
+        s = shim(url)
+        msg = s.anthropic().messages.create(model="harness-model", max_tokens=50,
+                                            messages=[{"role": "user", "content": "hi"}])
+    assert msg.content[0].text == "fixed"
+    first, second = (h["x-litellm-call-id"] for h in seen)
+    call = first.rpartition(":")[0]
+    assert (first, second) == (f"{call}:1", f"{call}:2") and "x-evalplane-replay-of" not in seen[0]
+    assert seen[1]["x-evalplane-replay-of"] == first
+    (row,) = s.rows()
+    assert row["call_id"] == call and row["retries"] == 1 and row["outcome"] == "ok"
+    if kept:
+        assert row["gateway_call_id"] == first and row["usage_estimated"] is False
+        assert (row["input_tokens"], row["output_tokens"]) == (21, 4)
+        assert "evalplane_prior_attempts" not in row["raw_usage"]
+    else:
+        assert row["gateway_call_id"] == second and row["usage_estimated"] is True
+        assert row["input_tokens"] > 21 and row["output_tokens"] == 4 + 50  # the cut attempt: its max_tokens
+        assert row["raw_usage"]["evalplane_prior_attempts"] == [None]
