@@ -8,8 +8,9 @@
 #                                         every tier but unit (CI): the services, docker and e2e tiers in one session
 #                                         of N pytest-xdist workers, then the tests marked `alone`, with nothing beside
 #   scripts/test.sh --side-by-side [pytest args]
-#                                         every tier but unit: the services tier in a session of its own beside the
-#                                         docker and e2e tiers, then the tests marked `alone`
+#                                         every tier but unit: the services tier (with the e2e runs that need no
+#                                         Docker, marked no_docker) in a session of its own beside the docker and
+#                                         e2e tiers, then the tests marked `alone`
 # Other arguments go to pytest (e.g. scripts/test.sh -q -m services).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -76,17 +77,18 @@ if [ "$mode" = workers ]; then
   exit "$rc"
 fi
 # The services tier in a session of its own beside the docker and e2e tiers (one waits on round trips to PostgreSQL
-# and Valkey, the other on containers and runs); each session has its own database (tests/conftest.py), and the
+# and Valkey, the other on containers and runs); the e2e runs that need no Docker (no_docker, tests/tiers.py) go with
+# the services tier, to even the two out. Each session has its own database (tests/conftest.py), and the
 # services session's output is printed when it ends. Then the tests marked `alone`, with nothing beside.
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-.venv/bin/python -m pytest --durations=15 -m "services and not alone" --junitxml=.state/junit/services.xml "$@" \
-  >"$log" 2>&1 &
+.venv/bin/python -m pytest --durations=15 -m "(services or no_docker) and not alone" \
+  --junitxml=.state/junit/services.xml "$@" >"$log" 2>&1 &
 services=$!
 rc=0
 prebuild
-.venv/bin/python -m pytest --durations=15 -m "(docker or e2e) and not alone" --junitxml=.state/junit/docker-e2e.xml \
-  "$@" || rc=1
+.venv/bin/python -m pytest --durations=15 -m "(docker or e2e) and not no_docker and not alone" \
+  --junitxml=.state/junit/docker-e2e.xml "$@" || rc=1
 wait "$services" || rc=1
 echo "::: the services tier, beside the docker and e2e tiers" >&2
 cat "$log"

@@ -57,6 +57,13 @@ FIXTURES: dict[str, str] = {
     "docker_client": "docker",  # tests/eval_worker: the engine and the base image
 }
 
+# e2e files whose runs use the process launcher and grader only: they need no Docker engine, so scripts/test.sh
+# --side-by-side runs them in the services session (marked `no_docker`), beside the docker and e2e tiers' session. A
+# test of theirs that requests a Docker fixture stays with the docker session.
+E2E_WITHOUT_DOCKER = ("dispatcher/test_outage_run.py", "gateway/test_gateway_run.py", "dispatcher/test_lost_verdict.py",
+                      "dashboard/test_demo_watched.py", "e2e/test_compute_cost.py", "e2e/test_custom_seams.py")
+DOCKER_FIXTURES = frozenset(f for f, t in FIXTURES.items() if t == "docker")
+
 _RANK = {t: i for i, t in enumerate(TIERS)}
 TESTS = Path(__file__).resolve().parent
 
@@ -109,9 +116,12 @@ def mark(items: list[pytest.Item]) -> None:
     """Give each collected test its tier marker (tests/conftest.py's pytest_collection_modifyitems), and order
     the tests heaviest group first."""
     for item in items:
-        tier = tier_of(item, item.path.relative_to(TESTS).as_posix())
+        path = item.path.relative_to(TESTS).as_posix()
+        tier = tier_of(item, path)
         if not item.get_closest_marker(tier):
             item.add_marker(getattr(pytest.mark, tier))
+        if tier == "e2e" and path in E2E_WITHOUT_DOCKER and not DOCKER_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.no_docker)
     rank = {g: i for i, g in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda it: rank.get(group_of(relative_id(it)), len(rank)))
 
