@@ -100,7 +100,7 @@ class Call:
     used: Usage | None = None  # ... with what that attempt used
     out: web.StreamResponse | None = None  # a stream's answer, once its head went to the harness
     gateway_call_id: str | None = None  # the gateway's id for the last attempt that it answered
-    cut: dict[str, int] = field(default_factory=dict)  # attempt -> estimated output: its answer cut after its head
+    cut: set[str] = field(default_factory=set)  # attempts whose answer was cut after its head (billed, unseen)
     meter: StreamMeter | None = None  # the stream attempt being relayed
     finished: bool = False  # its ledger row is written (once)
 
@@ -595,7 +595,7 @@ class Shim:
                 await self._pace_settle(pace, None)
                 continue
             call.gateway_call_id = resp.headers.get(GATEWAY_CALL_ID) or call.gateway_call_id
-            call.cut.pop(call.gateway_call_id or "", None)  # an attempt cut before, its kept answer replayed now
+            call.cut.discard(call.gateway_call_id or "")  # an attempt cut before, its kept answer replayed now
             try:
                 if resp.status != 200:
                     try:
@@ -625,7 +625,7 @@ class Shim:
                     data = await resp.read()
                 except _UPSTREAM_ERRORS as e:  # the provider answered (and billed): estimated, unless replayed
                     resp.close()
-                    call.cut[resp.headers.get(GATEWAY_CALL_ID) or sent[-1]] = call.max_out
+                    call.cut.add(resp.headers.get(GATEWAY_CALL_ID) or sent[-1])
                     await self._pace_settle(pace, self._usage_guess(call, call.max_out))
                     last = Failure(502, {}, self._err_json(call, f"upstream failed: {type(e).__name__}"))
                     continue
@@ -808,8 +808,8 @@ class Shim:
         now = time.monotonic()
         self.last_call_at = time.time()
         self.retries += call.retries
-        for est_output in call.cut.values():  # attempts cut after their head and never replayed: billed, estimated
-            self._account(call, None, True, est_output=est_output)
+        for _ in call.cut:  # attempts cut after their head and never replayed: billed, estimated at max output
+            self._account(call, None, True, est_output=call.max_out)
             call.raws.insert(0, call.raws.pop())  # before the answered attempt, whose usage stays last
         call.cut.clear()
         u = call.usage or Usage()
